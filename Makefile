@@ -1,0 +1,38 @@
+# Two set-up commands: `make demo` and `make test`. Both create .venv when it is missing.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+DEMO := demo-out
+
+.PHONY: demo test bench clean venv
+
+$(BIN)/python:
+	$(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+
+$(VENV)/.installed-test: pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install -q -e ".[test]"
+	touch $@
+
+$(VENV)/.installed-bench: pyproject.toml $(VENV)/.installed-test
+	$(BIN)/python -m pip install -q -e ".[test,bench]" || $(BIN)/python -m pip install -q -e ".[test]" scikit-learn
+	touch $@
+
+venv: $(VENV)/.installed-test
+
+# Whole test suite; pytest's exit code 5 (no tests collected) is turned into a failure.
+test: $(VENV)/.installed-test
+	@$(BIN)/python -m pytest -q; rc=$$?; if [ $$rc -eq 5 ]; then echo "error: no tests collected"; exit 1; fi; exit $$rc
+
+# Main job end to end on a generated webspam-like file and an embedded local cluster.
+demo: $(VENV)/.installed-test
+	rm -rf $(DEMO) && mkdir -p $(DEMO)
+	$(BIN)/sparsepipe synth $(DEMO)/webspam_like.svm --rows 20000 --features 200000 --nnz-per-row 200 --seed 1
+	$(BIN)/sparsepipe ingest $(DEMO)/webspam_like.svm --out $(DEMO)/store.zarr --block-mb 2 --workers 2
+	$(BIN)/sparsepipe info $(DEMO)/store.zarr
+
+bench: $(VENV)/.installed-bench
+	$(BIN)/python benchmarks/run_all.py
+
+clean:
+	rm -rf $(DEMO) .pytest_cache

@@ -1,0 +1,33 @@
+"""Dask client for ingest and training: an embedded LocalCluster on loopback, or an existing scheduler."""
+from __future__ import annotations
+
+import contextlib
+import os
+
+
+def default_workers() -> int:
+    return max(1, os.cpu_count() or 1)
+
+
+@contextlib.contextmanager
+def dask_client(workers: int | None = None, scheduler: str | None = None, client=None):
+    """Yield a ``distributed.Client``.
+
+    ``client`` is used as is (tests share one cluster); ``scheduler`` joins an existing cluster;
+    otherwise a LocalCluster of ``workers`` processes with one thread each is started, with scheduler
+    and dashboard bound to 127.0.0.1 only, and closed on exit.
+    """
+    if client is not None:
+        yield client
+        return
+    from distributed import Client, LocalCluster
+
+    if scheduler:
+        with Client(scheduler) as c:
+            yield c
+        return
+    n = workers or default_workers()
+    with LocalCluster(n_workers=n, threads_per_worker=1, processes=True, host="127.0.0.1",
+                      dashboard_address="127.0.0.1:0", silence_logs=40,
+                      ) as cluster, Client(cluster) as c:
+        yield c

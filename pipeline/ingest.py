@@ -1,0 +1,569 @@
+"""LIBSVM text -> block store: byte-range planning, one Dask task per range, atomic commit.
+
+Plain files are cut into ``block_mb`` byte ranges; a range owns every line whose first byte lies in it,
+so ranges are planned without reading the file and each task aligns itself to line starts. Compressed
+inputs (.gz .bz2 .xz .zst) stream through one task that cuts the decompressed text into blocks. A block
+is one range's rows. Ranges depend only on the file and ``block_mb``, never on the number of workers,
+so the store's arrays are identical whatever the cluster.
+"""
+from __future__ import annotations
+
+import fcntl
+import glob
+import hashlib
+import json
+import os
+import shutil
+import time
+import uuid
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+from pipeline.formats import libsvm
+from pipeline.store import format as fmt
+
+COMPRESSIONS = {".gz": "gzip", ".bz2": "bz2", ".xz": "xz", ".zst": "zstd"}
+BINARY_ENCODINGS = ((-1.0, 1.0), (0.0, 1.0), (1.0, 2.0))
+MIXED_LABEL_SHARE = 0.99
+LABEL_MODES = ("auto", "regression", "-1,1", "0,1", "1,2")
+
+
+class IngestError(Exception):
+    """Bad input or a refused ingest; the message names file, line and cause."""
+
+
+@dataclass(frozen=True)
+class IngestOptions:
+    """Validated ingest options (recorded in the manifest)."""
+
+    block_mb: float = 64.0
+    holdout: float = 0.1
+    seed: int = 0
+    n_features: int | None = None
+    zero_based: bool = False
+    on_invalid: str = "error"
+    labels: str = "auto"
+    dtype: str = "float32"
+
+    def __post_init__(self):
+        if not (self.block_mb > 0):
+            raise ValueError(f"block_mb must be > 0, got {self.block_mb}")
+        if not (0.0 <= self.holdout < 1.0):
+            raise ValueError(f"holdout must be in [0, 1), got {self.holdout}")
+        if self.n_features is not None and self.n_features < 1:
+            raise ValueError(f"n_features must be >= 1, got {self.n_features}")
+        if self.on_invalid not in ("error", "skip"):
+            raise ValueError(f"on_invalid must be 'error' or 'skip', got {self.on_invalid!r}")
+        if self.labels not in LABEL_MODES:
+            raise ValueError(f"labels must be one of {', '.join(LABEL_MODES)}; got {self.labels!r}")
+        if self.dtype not in ("float32", "float64"):
+            raise ValueError(f"dtype must be float32 or float64, got {self.dtype!r}")
+
+    @property
+    def label_pair(self):
+        if self.labels in ("auto", "regression"):
+            return None
+        a, b = self.labels.split(",")
+        return float(a), float(b)
+
+
+@dataclass
+class Task:
+    """One unit of parsing: a byte range of a plain file, or a whole compressed stream."""
+
+    source: int
+    path: str
+    index: int  # range number within the source
+    start: int
+    end: int
+    compression: str | None
+    keys: list = field(default_factory=list)
+
+
+# ----------------------------------------------------------------------------------------- planning
+
+def compression_of(path: str) -> str | None:
+    for suffix, name in COMPRESSIONS.items():
+        if path.endswith(suffix):
+            return name
+    return None
+
+
+def _open(path: str, compression: str | None = None):
+    import fsspec
+
+    if compression == "zstd":
+        try:
+            import zstandard  # noqa: F401
+        except ImportError:
+            raise IngestError(f"{path}: .zst input needs the 'zstandard' package (pip install zstandard)") from None
+    return fsspec.open(path, "rb", compression=compression).open()
+
+
+def file_size(path: str) -> int:
+    import fsspec
+
+    fs, p = fsspec.core.url_to_fs(path)
+    try:
+        return int(fs.size(p))
+    except FileNotFoundError:
+        raise IngestError(f"{path}: no such file") from None
+
+
+def fingerprint(path: str, size: int) -> str:
+    """sha256 of the size, the first and last MiB and 32 evenly spaced 64 KiB samples of the raw file.
+
+    Cheap enough for a 24 GB file, and any append/truncation/rewrite of real data changes it.
+    """
+    h = hashlib.sha256(str(size).encode())
+    with _open(path) as f:
+        offsets = [0, max(0, size - (1 << 20))] + [int(size * k / 33) for k in range(1, 33)]
+        for k, off in enumerate(offsets):
+            f.seek(off)
+            h.update(f.read((1 << 20) if k < 2 else (1 << 16)))
+    return h.hexdigest()
+
+
+def plan(sources: list[dict], block_bytes: int, generation: int) -> list[Task]:
+    tasks = []
+    for s_idx, src in enumerate(sources):
+        comp = src["compression"]
+        if comp is not None or src["size"] <= block_bytes:
+            tasks.append(Task(s_idx, src["path"], 0, 0, src["size"], comp))
+            continue
+        n = -(-src["size"] // block_bytes)
+        for i in range(n):
+            tasks.append(Task(s_idx, src["path"], i, i * block_bytes, min(src["size"], (i + 1) * block_bytes), None))
+    for t in tasks:
+        t.keys = [f"{generation:04d}-{t.source:04d}-{t.index:06d}"]
+    return tasks
+
+
+# ------------------------------------------------------------------------------------ worker side
+
+def read_owned_lines(f, start: int, end: int, size: int) -> bytes:
+    """Bytes of every line whose first byte lies in [start, end) of an open seekable file."""
+    if start >= size:
+        return b""
+    lo = start - 1 if start > 0 else 0
+    f.seek(lo)
+    buf = f.read(end - lo)
+    if start > 0:
+        nl = buf.find(b"\n")
+        if nl < 0:
+            return b""  # a line longer than the range started before it
+        head = nl + 1
+    else:
+        head = 0
+    if end < size and not buf.endswith(b"\n"):
+        parts = [buf]
+        while True:
+            piece = f.read(1 << 20)
+            if not piece:
+                break
+            nl = piece.find(b"\n")
+            if nl >= 0:
+                parts.append(piece[: nl + 1])
+                break
+            parts.append(piece)
+        buf = b"".join(parts)
+    return buf[head:]
+
+
+def _block_result(key: str, parsed: libsvm.Parsed, dtype: str, nbytes: int) -> dict:
+    """Write one parsed block (unless it has errors) and return its metadata."""
+    res = {"key": key, "rows": parsed.n_rows, "nnz": parsed.nnz, "n_lines": parsed.n_lines,
+           "max_index": parsed.max_index, "bytes": nbytes,
+           "errors": parsed.errors, "row_line_first": None}
+    labels = parsed.labels
+    vals, first, counts = np.unique(labels, return_index=True, return_counts=True)
+    res["label_values"] = vals.tolist()
+    res["label_counts"] = counts.tolist()
+    res["label_first_line"] = parsed.row_line[first].tolist()
+    indices = parsed.indices.astype(np.int32 if parsed.max_index < 2**31 else np.int64)
+    data = parsed.data.astype(dtype)
+    cnt = np.bincount(indices, minlength=0)
+    sidx = np.flatnonzero(cnt).astype(np.int64)
+    sumsq = np.bincount(indices, weights=np.square(data, dtype=np.float64))[sidx] if sidx.size else np.zeros(0)
+    res["checksum"] = fmt.checksum(parsed.indptr, indices, data, labels.astype(np.float32))
+    res["_arrays"] = (parsed.indptr, indices, data, labels.astype(np.float32), sidx, cnt[sidx].astype(np.int64),
+                      sumsq.astype(np.float64))
+    return res
+
+
+def _write_block(root: str, res: dict) -> dict:
+    indptr, indices, data, labels, sidx, snnz, ssum = res.pop("_arrays")
+    g = f"{root}/blocks/{res['key']}"
+    fmt.make_group(g, {"encoding-type": "csr_matrix", "encoding-version": "0.1.0",
+                       "shape": [int(labels.shape[0]), int(res["max_index"])]})
+    for name, arr in (("indptr", indptr), ("indices", indices), ("data", data), ("labels", labels),
+                      ("stats_idx", sidx), ("stats_nnz", snnz), ("stats_sumsq", ssum)):
+        fmt.write_array(g, name, arr)
+    return res
+
+
+def parse_task(root: str, task: Task, opts: dict) -> list[dict]:
+    """Dask task: parse one range (or a whole compressed stream) and write its block(s)."""
+    o = IngestOptions(**opts)
+    skip = o.on_invalid == "skip"
+    kw = dict(zero_based=o.zero_based, width=o.n_features if o.n_features else -1, skip_invalid=skip,
+              label_pair=o.label_pair)
+    if task.compression is None:
+        with _open(task.path) as f:
+            buf = read_owned_lines(f, task.start, task.end, file_size(task.path))
+        parsed = libsvm.parse_buffer(buf, **kw)
+        res = _block_result(task.keys[0], parsed, o.dtype, task.end - task.start)
+        res["line_offset"] = None
+        if parsed.errors and not skip:
+            res.pop("_arrays")
+            return [res]
+        return [_write_block(root, res)]
+    return _stream_task(root, task, o, kw)
+
+
+def _stream_task(root: str, task: Task, o: IngestOptions, kw: dict) -> list[dict]:
+    block_bytes = int(o.block_mb * (1 << 20))
+    out = []
+    lines_before = 0
+    carry = b""
+    seq = 0
+    try:
+        f = _open(task.path, task.compression)
+        with f:
+            eof = False
+            while not eof:
+                piece = f.read(block_bytes)
+                eof = not piece
+                buf = carry + piece
+                if not eof:
+                    nl = buf.rfind(b"\n")
+                    if nl < 0:
+                        carry = buf
+                        continue
+                    buf, carry = buf[: nl + 1], buf[nl + 1:]
+                else:
+                    carry = b""
+                if not buf and eof:
+                    break
+                parsed = libsvm.parse_buffer(buf, **kw)
+                key = f"{task.keys[0][:-6]}{seq:06d}"
+                res = _block_result(key, parsed, o.dtype, len(buf))
+                res["line_offset"] = lines_before
+                lines_before += parsed.n_lines
+                seq += 1
+                if parsed.errors and o.on_invalid == "error":
+                    res.pop("_arrays")
+                    out.append(res)
+                    return out
+                out.append(_write_block(root, res))
+    except (EOFError, OSError) as e:
+        raise IngestError(f"{task.path}: compressed input is truncated or corrupt ({e}); "
+                          f"nothing was committed") from None
+    except Exception as e:  # zstandard raises its own error type
+        if type(e).__module__.startswith("zstandard"):
+            raise IngestError(f"{task.path}: compressed input is truncated or corrupt ({e}); "
+                              f"nothing was committed") from None
+        raise
+    return out
+
+
+def source_stats_task(root: str, keys: list[str], n_features: int, base: str | None) -> dict:
+    """Dask task: sum the per-block feature statistics of ``keys`` (plus a previous version) and write them."""
+    col_nnz = np.zeros(n_features, dtype=np.int64)
+    col_sumsq = np.zeros(n_features, dtype=np.float64)
+    if base is not None:
+        old_nnz = fmt.read_array(f"{root}/{base}", "col_nnz")
+        old_ss = fmt.read_array(f"{root}/{base}", "col_sumsq")
+        col_nnz[: old_nnz.shape[0]] += old_nnz
+        col_sumsq[: old_ss.shape[0]] += old_ss
+    for k in keys:
+        g = f"{root}/blocks/{k}"
+        idx = fmt.read_array(g, "stats_idx")
+        col_nnz[idx] += fmt.read_array(g, "stats_nnz")
+        col_sumsq[idx] += fmt.read_array(g, "stats_sumsq")
+    return col_nnz, col_sumsq
+
+
+# ------------------------------------------------------------------------------------ client side
+
+def _decide_labels(mode: str, counts: dict, first_line: dict, path: str, prefer: list) -> tuple | None:
+    """Binary encoding (neg, pos) of one source, or None for real-valued labels."""
+    if mode == "regression":
+        return None
+    if mode != "auto":
+        a, b = (float(v) for v in mode.split(","))
+        return (a, b)
+    values = set(counts)
+    for enc in list(prefer) + [e for e in BINARY_ENCODINGS if e not in prefer]:
+        if values <= set(enc):
+            return tuple(enc)
+    total = sum(counts.values())
+    best = max(BINARY_ENCODINGS, key=lambda e: sum(counts.get(v, 0) for v in e))
+    covered = sum(counts.get(v, 0) for v in best)
+    if all(v in counts for v in best) and covered >= MIXED_LABEL_SHARE * total:
+        odd = min((first_line[v], v) for v in values - set(best))
+        raise IngestError(
+            f"{path}:{odd[0]}: binary labels mixed with non-binary: label {odd[1]:g} in a file whose "
+            f"labels are otherwise {best[0]:g}/{best[1]:g} ({total - covered} such rows). Use "
+            f"--labels {best[0]:g},{best[1]:g} with --on-invalid skip to drop them, or --labels regression")
+    return None
+
+
+def _lock(out: str):
+    lock_path = os.path.abspath(out).rstrip("/") + ".lock"
+    fd = os.open(lock_path, os.O_CREAT | os.O_RDWR, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise IngestError(f"{out}: another sparsepipe process is writing this store (lock {lock_path})") from None
+    return fd
+
+
+def _choose_holdout(keys: list[str], fraction: float, seed: int, generation: int) -> list[str]:
+    n = len(keys)
+    if fraction <= 0 or n < 2:
+        return []
+    k = min(n - 1, max(1, int(round(fraction * n))))
+    rng = np.random.default_rng([seed, generation])
+    return sorted(keys[i] for i in rng.choice(n, size=k, replace=False))
+
+
+def _format_error(path: str, line: int, col: int, code: int) -> str:
+    return f"{path}:{line}:{col}: {libsvm.ERROR_MESSAGES[code]}"
+
+
+def ingest(inputs: list[str], out: str, options: IngestOptions | None = None, *, append: bool = False,
+           workers: int | None = None, scheduler: str | None = None, client=None, progress=None) -> dict:
+    """Ingest LIBSVM files into the block store at ``out`` (new, or ``append`` to an existing one).
+
+    Returns the summary dict (n_rows, n_features, nnz, n_blocks, holdout_blocks, seconds, bytes_read, ...).
+    ``progress(bytes_done, rows_done, bytes_total)`` is called as blocks finish.
+    """
+    from pipeline.cluster import dask_client
+
+    t0 = time.time()
+    o = options or IngestOptions()
+    if not inputs:
+        raise IngestError("no input files given")
+    out = out.rstrip("/")
+    lock_fd = _lock(out)
+    try:
+        old = None
+        if append:
+            if not os.path.exists(out):
+                raise IngestError(f"{out}: --append needs an existing store (it does not exist)")
+            old = fmt.read_manifest(out)
+        elif os.path.exists(out):
+            raise IngestError(f"{out}: already exists; use --append to add data or remove it first")
+        sources = []
+        known = {s["fingerprint"]: s for s in (old["sources"] if old else [])}
+        for path in inputs:
+            size = file_size(path)
+            fp = fingerprint(path, size)
+            if fp in known:
+                raise IngestError(f"{path}: already ingested into {out} (same fingerprint as "
+                                  f"{known[fp]['path']}, generation {known[fp]['generation']}); refusing to append twice")
+            known[fp] = {"path": path, "generation": "this run"}
+            sources.append({"path": path, "size": size, "fingerprint": fp, "compression": compression_of(path)})
+        generation = (old["generation"] + 1) if old else 1
+        if old:
+            _clean_orphans(out, old)
+            root = out
+        else:
+            for stale in glob.glob(glob.escape(out) + ".tmp-*"):
+                shutil.rmtree(stale, ignore_errors=True)
+            root = f"{out}.tmp-{uuid.uuid4().hex[:12]}"
+            fmt.make_group(root)
+            fmt.make_group(f"{root}/blocks")
+        try:
+            tasks = plan(sources, int(o.block_mb * (1 << 20)), generation)
+            with dask_client(workers, scheduler, client) as c:
+                results = _run_tasks(c, root, tasks, o, sum(s["size"] for s in sources), progress)
+                summary = _commit(c, root, out, old, sources, tasks, results, o, generation, t0)
+        except BaseException:
+            if old is None:
+                shutil.rmtree(root, ignore_errors=True)
+            else:
+                _clean_orphans(out, fmt.read_manifest(out))
+            raise
+        return summary
+    finally:
+        os.close(lock_fd)
+
+
+def _run_tasks(c, root, tasks, o, total_bytes, progress):
+    from distributed import as_completed
+
+    opts = asdict(o)
+    futs = [c.submit(parse_task, root, t, opts, key=f"parse-{t.keys[0]}-{uuid.uuid4().hex[:6]}", pure=False)
+            for t in tasks]
+    pos = {f.key: i for i, f in enumerate(futs)}
+    results = [None] * len(futs)
+    done_bytes = done_rows = 0
+    for fut in as_completed(futs):
+        try:
+            res = fut.result()
+        except IngestError:
+            for f2 in futs:
+                f2.cancel()
+            raise
+        results[pos[fut.key]] = res
+        done_bytes += sum(r["bytes"] for r in res)
+        done_rows += sum(r["rows"] for r in res)
+        if progress:
+            progress(done_bytes, done_rows, total_bytes)
+    return results
+
+
+def _clean_orphans(out: str, manifest: dict) -> None:
+    """Remove block and stats directories a killed append left behind (not listed in the manifest)."""
+    listed = {b["key"] for b in manifest["blocks"]}
+    for d in glob.glob(os.path.join(glob.escape(out), "blocks", "*")):
+        if os.path.isdir(d) and os.path.basename(d) not in listed:
+            shutil.rmtree(d, ignore_errors=True)
+    for d in glob.glob(os.path.join(glob.escape(out), "stats", "v*")):
+        if os.path.basename(d) != os.path.basename(manifest.get("stats", "")):
+            shutil.rmtree(d, ignore_errors=True)
+
+
+def _commit(c, root, out, old, sources, tasks, results, o, generation, t0):
+    # absolute line numbers and errors, in row order
+    errors, skipped = [], []
+    per_source_lines = {}
+    blocks = []
+    for task, res_list in zip(tasks, results):
+        src = sources[task.source]
+        for r in res_list:
+            base = r["line_offset"] if r["line_offset"] is not None else per_source_lines.get(task.source, 0)
+            for (ln, col, code) in r["errors"]:
+                item = (src["path"], base + ln + 1, col, code)
+                (skipped if o.on_invalid == "skip" else errors).append(item)
+            r["first_line"] = base + 1
+            r["source"] = task.source
+            r["byte_range"] = [task.start, task.end] if task.compression is None else None
+            if r["line_offset"] is None:
+                per_source_lines[task.source] = base + r["n_lines"]
+            blocks.append(r)
+    if errors:
+        first = errors[0]
+        more = f" (and {len(errors) - 1} more range(s) with errors)" if len(errors) > 1 else ""
+        raise IngestError(_format_error(*first) + more + "; nothing was committed")
+    # labels, per source
+    prev_maps = [tuple(b["label_map"]) for b in (old["blocks"] if old else []) if b.get("label_map")]
+    kinds = {old["labels"]["kind"]} if old and old["n_rows"] else set()
+    label_map = {}
+    for s_idx, src in enumerate(sources):
+        counts, first = {}, {}
+        for b in blocks:
+            if b["source"] != s_idx:
+                continue
+            for v, n, ln in zip(b["label_values"], b["label_counts"], b["label_first_line"]):
+                counts[v] = counts.get(v, 0) + n
+                first[v] = min(first.get(v, 1 << 62), b["first_line"] + ln)
+        if not counts:
+            label_map[s_idx] = None
+            continue
+        enc = _decide_labels(o.labels, counts, first, src["path"], prev_maps)
+        kind = "binary" if enc else "regression"
+        if kinds and kind not in kinds:
+            bad = min(first.items(), key=lambda kv: kv[1])
+            raise IngestError(f"{src['path']}:{bad[1]}: labels are {kind} but the store's are "
+                              f"{kinds.pop()}; nothing was committed")
+        kinds.add(kind)
+        label_map[s_idx] = enc
+        if enc:
+            prev_maps.append(enc)
+    kind = kinds.pop() if kinds else "binary"
+    # width
+    width = max([o.n_features or 0, old["n_features"] if old else 0] + [b["max_index"] for b in blocks])
+    new_keys = [b["key"] for b in blocks if b["rows"] > 0]
+    hold = set(_choose_holdout(new_keys, o.holdout, o.seed, generation))
+    entries = list(old["blocks"]) if old else []
+    for b in blocks:
+        if b["rows"] == 0:
+            continue
+        enc = label_map[b["source"]]
+        entries.append({"key": b["key"], "rows": b["rows"], "nnz": b["nnz"], "max_index": b["max_index"],
+                        "source": len(old["sources"]) + b["source"] if old else b["source"],
+                        "byte_range": b["byte_range"], "first_line": b["first_line"],
+                        "checksum": b["checksum"], "split": "holdout" if b["key"] in hold else "train",
+                        "label_map": list(enc) if enc else None, "generation": generation,
+                        "_labels": (b["label_values"], b["label_counts"])})
+    # feature statistics over the training split
+    version = (old["manifest_version"] + 1) if old else 1
+    stats_path = f"stats/v{version:06d}"
+    new_train = [e["key"] for e in entries if e.get("generation") == generation and e["split"] == "train"]
+    fut = c.submit(source_stats_task, root, new_train, width, old.get("stats") if old else None, pure=False)
+    col_nnz, col_sumsq = fut.result()
+    fmt.make_group(f"{root}/stats")
+    fmt.make_group(f"{root}/{stats_path}")
+    fmt.write_array(f"{root}/{stats_path}", "col_nnz", col_nnz)
+    fmt.write_array(f"{root}/{stats_path}", "col_sumsq", col_sumsq)
+    # skipped lines, beside the blocks
+    skipped_file = None
+    if skipped:
+        os.makedirs(f"{root}/skipped", exist_ok=True)
+        skipped_file = f"skipped/{generation:04d}.jsonl"
+        with open(f"{root}/{skipped_file}", "w", encoding="utf-8") as f:
+            for path, line, col, code in skipped:
+                f.write(json.dumps({"file": path, "line": line, "column": col,
+                                    "reason": libsvm.ERROR_MESSAGES[code]}) + "\n")
+    # label counts
+    label_counts = dict(old["labels"]["counts"]) if old else {}
+    for e in entries:
+        lab = e.pop("_labels", None)
+        if lab is None:
+            continue
+        for v, n in zip(*lab):
+            name = ("+1" if v == e["label_map"][1] else "-1") if e["label_map"] else f"{v:g}"
+            label_counts[name] = label_counts.get(name, 0) + n
+    now = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+    src_entries = list(old["sources"]) if old else []
+    for s_idx, src in enumerate(sources):
+        n_rows = sum(b["rows"] for b in blocks if b["source"] == s_idx)
+        n_skip = sum(1 for s in skipped if s[0] == src["path"])
+        src_entries.append({**src, "rows": n_rows, "skipped": n_skip, "generation": generation,
+                            "ingested_at": now,
+                            "label_map": list(label_map[s_idx]) if label_map.get(s_idx) else None})
+    manifest = {
+        "format": fmt.FORMAT, "format_version": fmt.FORMAT_VERSION,
+        "store_id": old["store_id"] if old else uuid.uuid4().hex,
+        "manifest_version": version, "generation": generation, "updated_at": now,
+        "n_rows": int(sum(e["rows"] for e in entries)), "n_features": int(width),
+        "nnz": int(sum(e["nnz"] for e in entries)),
+        "index_base": 0 if o.zero_based else 1,
+        "indices_dtype": "int32" if width < 2**31 else "int64", "data_dtype": o.dtype,
+        "labels": {"kind": kind, "counts": label_counts},
+        "blocks": entries,
+        "holdout": {"fraction": o.holdout, "seed": o.seed,
+                    "blocks": [e["key"] for e in entries if e["split"] == "holdout"]},
+        "stats": stats_path, "stats_split": "train",
+        "sources": src_entries,
+        "skipped": {"count": int((old["skipped"]["count"] if old else 0) + len(skipped)),
+                    "files": (old["skipped"]["files"] if old else []) + ([skipped_file] if skipped_file else [])},
+        "options": {**asdict(o), "history": (old["options"]["history"] if old else []) + [
+            {"generation": generation, **asdict(o)}]},
+    }
+    if old is None:
+        fmt.make_group(root, {fmt.ATTR: {"format": fmt.FORMAT}})
+        fmt.write_manifest(root, manifest)
+        os.rename(root, out)
+        fmt._fsync_dir(os.path.dirname(os.path.abspath(out)))
+    else:
+        fmt.write_manifest(out, manifest)
+        old_stats = old.get("stats")
+        if old_stats and old_stats != stats_path:
+            shutil.rmtree(os.path.join(out, old_stats), ignore_errors=True)
+    return {
+        "store": out, "n_rows": manifest["n_rows"], "n_features": manifest["n_features"],
+        "nnz": manifest["nnz"], "n_blocks": len(entries),
+        "holdout_blocks": len(manifest["holdout"]["blocks"]),
+        "new_blocks": sum(1 for e in entries if e["generation"] == generation),
+        "new_rows": int(sum(e["rows"] for e in entries if e["generation"] == generation)),
+        "skipped_lines": len(skipped), "skipped_file": skipped_file,
+        "seconds": round(time.time() - t0, 3),
+        "bytes_read": int(sum(s["size"] for s in sources)),
+        "generation": generation, "labels": manifest["labels"],
+    }

@@ -1,0 +1,229 @@
+"""SGD / Truncated Gradient kernels (ALGORITHMS.md §1), lazy so that a row costs O(nnz(row)).
+
+Dense rule being implemented, for step t = 1, 2, ... (one row (x, y) per step, true weights u, bias b):
+
+    f   = u·x + b                                   (score with the current, fully truncated weights)
+    d   = ℓ'(f, y)                                  (losses.dloss, ALGORITHMS.md §0)
+    u  ← (1 − η_t·l2)·u                             (optional weight decay, before the gradient step)
+    u  ← u − η_t·d·x              (TG-1)            b ← b − η_t·d   (only if fit_bias; never decayed/truncated)
+    u  ← T1(u, η_t·K·g, θ)        (TG-2, C-2)       only when t % K == 0 (applied to *every* coordinate)
+
+with η_t = eta (schedule 0) or eta / t**power_t (schedule 1). g = 0 is plain SGD.
+
+Lazy representation (exact, by the composition rule T1(T1(v,a,θ),b,θ) = T1(v,a+b,θ) of §0):
+
+* true weights u = wscale·w, so the decay is the O(1) update wscale ← (1 − η_t·l2)·wscale;
+* G = Σ (η_k·K·g / wscale_k) over the truncation steps k so far (gravity in *storage* units: since
+  S(c·v, c·a) = c·S(v, a) for c > 0, truncating u by a equals truncating w by a / wscale);
+* Gl[j] = the part of G already applied to w[j]; a coordinate is caught up (w[j] ← T1(w[j], G − Gl[j], θ'))
+  just before it is read and right after its gradient step, so coordinates absent from the rows are never
+  touched (bit-identical until ``tg_flush``);
+* when wscale < FOLD_THRESHOLD the scale is folded back into w (one O(p) flush) to avoid underflow.
+
+The truncation window is compared on the true weights: θ' = θ / wscale. With l2 = 0 (wscale ≡ 1) everything
+is exact for any θ. With l2 > 0 it is exact only for θ = ∞: the window |u| ≤ θ does not commute with a
+changing scale, so catch-up over several steps is then an approximation; ``check_tg_params`` rejects that
+combination (the kernel itself raises nothing).
+
+State layout (all mutated in place, nothing survives in locals between calls):
+    w      float64[p]   scaled weights (true weights = wscale·w after catch-up)
+    Gl     float64[p]   gravity already applied to each coordinate (storage units)
+    istate int64[1]     [t]  number of updates done so far (t counts from 1 at the first update)
+    fstate float64[3]   [G, wscale, bias]
+"""
+import math
+
+import numba
+import numpy as np
+
+from .losses import HINGE, LOGISTIC, SQUARED, dloss  # noqa: F401  (codes re-exported for callers)
+
+SCHEDULE_CONSTANT = 0
+SCHEDULE_INVSCALING = 1
+SCHEDULE_CODES = {"constant": SCHEDULE_CONSTANT, "invscaling": SCHEDULE_INVSCALING}
+
+FOLD_THRESHOLD = 1e-9
+"""Fold wscale back into w (O(p)) as soon as it drops below this value."""
+
+
+def new_tg_state(p):
+    """Fresh state arrays ``(w, Gl, istate, fstate)`` for ``p`` features (t = 0, G = 0, wscale = 1, bias = 0)."""
+    w = np.zeros(p, dtype=np.float64)
+    Gl = np.zeros(p, dtype=np.float64)
+    istate = np.zeros(1, dtype=np.int64)
+    fstate = np.array([0.0, 1.0, 0.0], dtype=np.float64)
+    return w, Gl, istate, fstate
+
+
+def check_tg_params(l2, theta, g, K, *, eta=None, schedule=None, power_t=None):
+    """Validate TG hyper-parameters in Python before any kernel call; raise ValueError if invalid.
+
+    Rejected: g < 0, K < 1 or non-integer K, theta < 0 or NaN, l2 < 0, non-finite g / l2, and l2 > 0 together
+    with a finite theta (the lazy truncation is only exactly composable with the L2 scale for θ = ∞, see the
+    module docstring). Optionally also checks eta > 0 and eta·l2 < 1 (so the decay factor 1 − η_t·l2 stays
+    positive for every t, since η_t ≤ eta), schedule ∈ {0, 1} and power_t ≥ 0.
+    """
+    if isinstance(K, bool) or not float(K).is_integer():
+        raise ValueError(f"K must be an integer >= 1, got {K!r}")
+    if int(K) < 1:
+        raise ValueError(f"K must be >= 1, got {K!r}")
+    if not math.isfinite(g) or g < 0:
+        raise ValueError(f"gravity g must be finite and >= 0, got {g!r}")
+    if math.isnan(theta) or theta < 0:
+        raise ValueError(f"theta must be >= 0 (inf allowed), got {theta!r}")
+    if not math.isfinite(l2) or l2 < 0:
+        raise ValueError(f"l2 must be finite and >= 0, got {l2!r}")
+    if l2 > 0 and math.isfinite(theta):
+        raise ValueError(
+            "l2 > 0 with a finite theta is not supported: truncation with a window does not compose exactly "
+            "with the L2 scale factor; use theta = inf or l2 = 0")
+    if eta is not None:
+        if not math.isfinite(eta) or eta <= 0:
+            raise ValueError(f"eta must be finite and > 0, got {eta!r}")
+        if eta * l2 >= 1.0:
+            raise ValueError(f"eta * l2 must be < 1 (decay factor 1 - eta*l2 must stay > 0), got {eta * l2!r}")
+    if schedule is not None and schedule not in (SCHEDULE_CONSTANT, SCHEDULE_INVSCALING):
+        raise ValueError(f"schedule must be 0 (constant) or 1 (eta / t**power_t), got {schedule!r}")
+    if power_t is not None and (not math.isfinite(power_t) or power_t < 0):
+        raise ValueError(f"power_t must be finite and >= 0, got {power_t!r}")
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _soft(v, a):
+    """(C-1) S(v, a) = sign(v)·max(|v| − a, 0) for a ≥ 0, computed branch-free as v − clip(v, −a, a).
+
+    Bit-identical to the branchy form: v − a for v > a, v + a for v < −a, and an exact +0.0 when |v| ≤ a
+    (v − v = +0.0 in round-to-nearest, also for v = −0.0). NaN propagates.
+    """
+    c = v
+    if c > a:
+        c = a
+    if c < -a:
+        c = -a
+    return v - c
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _t1(v, a, theta):
+    """(C-2) T1(v, a, θ) = S(v, a) if |v| ≤ θ else v (θ = ∞ gives S)."""
+    if abs(v) <= theta:
+        return _soft(v, a)
+    return v
+
+
+@numba.njit(cache=True, nogil=True)
+def _fold(w, Gl, G, wscale, theta):
+    """Apply pending truncation (C-2) to every coordinate and multiply the scale in; O(p).
+
+    Afterwards w holds the true weights and Gl is all zero (the caller resets G = 0, wscale = 1).
+    """
+    th = theta / wscale
+    for j in range(w.shape[0]):
+        v = w[j]
+        pend = G - Gl[j]
+        if pend != 0.0:
+            v = _t1(v, pend, th)
+        w[j] = v * wscale
+        Gl[j] = 0.0
+
+
+@numba.njit(cache=True, nogil=True)
+def sgd_tg_block(indptr, indices, data, y, rows, w, Gl, istate, fstate, eta, schedule, power_t, l2, g, K, theta,
+                 loss, hinge_at_one, fit_bias):
+    """Advance SGD / Truncated Gradient over the rows ``rows`` of one CSR block, lazily; cost O(Σ nnz(row)).
+
+    Per step t: catch-up of the row's coordinates, f = wscale·(w·x) + b, d = ℓ'(f, y); decay
+    wscale ← (1 − η_t·l2)·wscale; gradient step (TG-1) w_j ← w_j − (η_t·d / wscale)·x_j on nz(x) and
+    b ← b − η_t·d if fit_bias; if g > 0 and t % K == 0: G ← G + η_t·K·g / wscale and the truncation (TG-2)
+    with T1 (C-2) is applied to nz(x) now and to every other coordinate at its next use (or ``tg_flush``).
+
+    Arguments: CSR block ``indptr`` (int64), ``indices`` (int32/int64), ``data`` (float32/float64), labels
+    ``y`` (float64, per block row), ``rows`` (int64 block-row indices to visit, in order); state ``w``, ``Gl``
+    (float64[p]), ``istate`` = [t] (int64[1]), ``fstate`` = [G, wscale, bias] (float64[3]); scalars ``eta``,
+    ``schedule`` (0: η_t = eta, 1: η_t = eta / t**power_t), ``power_t``, ``l2``, ``g``, ``K``, ``theta``
+    (may be inf), ``loss`` (losses code), ``hinge_at_one``, ``fit_bias``. Feature indices must be < len(w).
+    """
+    t = istate[0]
+    G = fstate[0]
+    s = fstate[1]
+    b = fstate[2]
+    Kg = K * g
+    do_trunc = Kg > 0.0
+    for r in range(rows.shape[0]):
+        i = rows[r]
+        lo = indptr[i]
+        hi = indptr[i + 1]
+        t += 1
+        if schedule == 1:
+            e = eta / (float(t) ** power_t)
+        else:
+            e = eta
+        th = theta / s
+        # catch up to step t-1 (pending lazy truncation, C-2) and score
+        acc = 0.0
+        for k in range(lo, hi):
+            j = indices[k]
+            v = w[j]
+            pend = G - Gl[j]
+            if pend != 0.0:
+                v = _t1(v, pend, th)
+                w[j] = v
+                Gl[j] = G
+            acc += v * data[k]
+        f = s * acc + b
+        d = dloss(f, y[i], loss, hinge_at_one)
+        # weight decay: O(1) on the scale
+        if l2 != 0.0:
+            s *= 1.0 - e * l2
+        # (TG-1) gradient step, in storage units
+        step = e * d / s
+        for k in range(lo, hi):
+            j = indices[k]
+            w[j] -= step * data[k]
+        if fit_bias:
+            b -= e * d
+        # (TG-2) truncation of this step, applied to the touched coordinates now, to the others lazily
+        if do_trunc and t % K == 0:
+            G += e * Kg / s
+            th = theta / s
+            for k in range(lo, hi):
+                j = indices[k]
+                w[j] = _t1(w[j], G - Gl[j], th)
+                Gl[j] = G
+        if s < FOLD_THRESHOLD:
+            _fold(w, Gl, G, s, theta)
+            G = 0.0
+            s = 1.0
+    istate[0] = t
+    fstate[0] = G
+    fstate[1] = s
+    fstate[2] = b
+
+
+@numba.njit(cache=True, nogil=True)
+def tg_flush(w, Gl, fstate, theta):
+    """Apply all pending truncation (TG-2 / C-2) to every coordinate and fold wscale into w; O(p).
+
+    Afterwards w holds the true weights, Gl[:] = 0, fstate[0] (G) = 0, fstate[1] (wscale) = 1; the bias and the
+    step counter are unchanged. Idempotent. Call at pass ends and before any evaluation or export.
+    """
+    _fold(w, Gl, fstate[0], fstate[1], theta)
+    fstate[0] = 0.0
+    fstate[1] = 1.0
+
+
+@numba.njit(cache=True, nogil=True)
+def predict_block(indptr, indices, data, w, bias, out):
+    """Scores f_i = bias + Σ_j w_j·x_ij (ALGORITHMS.md §0 "Prediction") for every row of a CSR block into out.
+
+    Features with index j ≥ len(w) (a store wider than the model) contribute nothing. ``w`` must hold true
+    weights (after ``tg_flush``).
+    """
+    p = w.shape[0]
+    for i in range(indptr.shape[0] - 1):
+        acc = 0.0
+        for k in range(indptr[i], indptr[i + 1]):
+            j = indices[k]
+            if j < p:
+                acc += w[j] * data[k]
+        out[i] = bias + acc

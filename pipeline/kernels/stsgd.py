@@ -1,0 +1,333 @@
+"""Stabilized Truncated SGD (STSGD) burst kernel — ALGORITHMS.md §2, (ST-1)–(ST-5), (ST-9) ratios.
+
+One call advances ONE path over one CSR block (rows visited in the order given by ``rows``).
+Everything that must survive the call lives in the arrays passed in and is mutated in place, so a
+burst or a stage may span any number of calls and blocks, and the path is resumable at every row
+boundary: splitting ``rows`` anywhere (mid-burst included) gives bit-identical state to one call.
+
+Per-path state (allocate with :func:`new_path_state`)
+------------------------------------------------------
+=============  ===========================  ========================================================
+array          dtype / shape                meaning
+=============  ===========================  ========================================================
+``w``          float64[p]                   path weights w^(m)
+``alive``      bool[p]                      stable set Ω (False = purged, skipped everywhere, ST-8)
+``kt``         int64[p]                     k̃_j of the open burst (ST-3); 0 for every j between
+                                            bursts
+``w_start``    float64[p]                   w_j at the first touch of j in the open burst; only
+                                            entries of touched j are meaningful (after a burst closes
+                                            they hold that burst's ratio r_j; never read again)
+``touched``    int64[cap_t]                 features with k̃_j > 0 in the open burst, first-touch
+                                            order; fill count istate[I_NTOUCHED]. cap_t must be ≥ the
+                                            number of distinct alive features a burst can touch
+                                            (p is always enough; K·max row nnz also); overflow raises
+``istate``     int64[ISTATE_SIZE]           see I_* below
+``fstate``     float64[FSTATE_SIZE]         see F_* below
+``cnt_evid``   int64[p]                     c: bursts of this stage in which j had evidence (k̃>0)
+``cnt_surv``   int64[p]                     b: bursts of this stage in which j had evidence and
+                                            ŵ_j ≠ 0 after truncation
+``cnt_upd``    int64[p]                     κ: Σ k̃_j over the bursts of this stage
+``ratios``     float64[cap_r, 2]            (ST-9) movement ratios of this stage: column 0 = feature
+                                            id (exact in float64 below 2^53), column 1 =
+                                            r = |w_end,j − w_start,j| / k̃_j (pre-truncation).
+                                            Fill count istate[I_NRATIOS]. When more than cap_r ratios
+                                            are produced in a stage, the buffer becomes a uniform
+                                            reservoir sample (Algorithm R, deterministic RNG in
+                                            istate[I_RNG]); istate[I_RATIOS_SEEN] counts all.
+=============  ===========================  ========================================================
+
+istate slots: I_T per-path update count t (lifetime; one per row drawn, used by η_t = η/√t);
+I_POS updates done in the open burst (0 ≤ pos < K between calls); I_NTOUCHED fill of ``touched``;
+I_STAGE_BURSTS bursts completed in the current stage (the kernel stops when it reaches
+``max_bursts``); I_BURSTS bursts completed (lifetime); I_NRATIOS fill of ``ratios``;
+I_RATIOS_SEEN ratios produced this stage; I_RNG reservoir RNG state (splitmix64, any seed).
+
+fstate slots: F_BIAS the (unregularised, never truncated) bias; F_G0_LAST the base gravity used at
+the last truncation (g0, or the per-burst quantile in ``quantile_first_burst`` mode);
+F_LOSS_SUM Σ ℓ(f_t, y_t) evaluated before each update (progressive training loss, lifetime).
+
+Stage start (engine / driver): :func:`reset_stage` zeroes the three counters, the ratio fill counts
+and I_STAGE_BURSTS. Stages end only at burst boundaries (the kernel returns right after the burst
+that reaches ``max_bursts``), so purging (ST-8) and changing K (ST-12) between stages never meet an
+open burst.
+
+Choices made here (documented interpretations)
+-----------------------------------------------
+* ``informative=False`` is TG's uniform truncation (ST-2) with amount g0·K, but applied to the
+  coordinates touched in the burst only (untouched non-zero weights are not shrunk, unlike dense TG).
+  For a partial burst closed with :func:`stsgd_close_burst` the amount is g0·(updates in burst).
+* Every row drawn is one update (t and the burst position advance even for a row with no alive
+  feature). With ``count_violations_only`` (R hinge code) rows whose ℓ' is 0 are not counted in k̃
+  (they change nothing in w either).
+* ``quantile_first_burst`` ([R] in ST-9, stage 1 without g0_init): the burst's own ratios are
+  selected in place (quickselect on ``touched``) and g = r_(⌈βn⌉) of its n ratios (0 if β = 0);
+  then every touched j is truncated by S(w_j, g·k̃_j) (or g·K when not informative). Because
+  g·k̃_j is rounded, the feature sitting exactly at the quantile may survive by one ulp.
+* Reservoir sampling keeps memory bounded for long stages; the (ST-9) quantile is then computed on
+  a uniform sample of the stage's ratios (exact while I_RATIOS_SEEN ≤ cap_r).
+"""
+import math
+
+import numba
+import numpy as np
+
+from .losses import dloss, loss as loss_fn
+
+# istate layout
+I_T = 0
+I_POS = 1
+I_NTOUCHED = 2
+I_STAGE_BURSTS = 3
+I_BURSTS = 4
+I_NRATIOS = 5
+I_RATIOS_SEEN = 6
+I_RNG = 7
+ISTATE_SIZE = 8
+
+# fstate layout
+F_BIAS = 0
+F_G0_LAST = 1
+F_LOSS_SUM = 2
+FSTATE_SIZE = 3
+
+SCHEDULE_CONSTANT = 0
+SCHEDULE_INVSQRT = 1
+
+
+def new_path_state(p, ratio_capacity=1 << 16, touched_capacity=None, seed=0):
+    """Allocate the state arrays of one path (all features alive, w = 0).
+
+    Returns a dict with keys w, alive, kt, w_start, touched, istate, fstate, cnt_evid, cnt_surv,
+    cnt_upd, ratios (see the module docstring for layouts).
+    """
+    p = int(p)
+    cap_t = p if touched_capacity is None else int(min(p, touched_capacity))
+    istate = np.zeros(ISTATE_SIZE, dtype=np.int64)
+    istate[I_RNG] = np.int64(seed & 0x7FFFFFFFFFFFFFFF)
+    return {
+        "w": np.zeros(p, dtype=np.float64),
+        "alive": np.ones(p, dtype=np.bool_),
+        "kt": np.zeros(p, dtype=np.int64),
+        "w_start": np.zeros(p, dtype=np.float64),
+        "touched": np.zeros(max(cap_t, 1), dtype=np.int64),
+        "istate": istate,
+        "fstate": np.zeros(FSTATE_SIZE, dtype=np.float64),
+        "cnt_evid": np.zeros(p, dtype=np.int64),
+        "cnt_surv": np.zeros(p, dtype=np.int64),
+        "cnt_upd": np.zeros(p, dtype=np.int64),
+        "ratios": np.zeros((max(int(ratio_capacity), 1), 2), dtype=np.float64),
+    }
+
+
+def reset_stage(istate, cnt_evid, cnt_surv, cnt_upd):
+    """Start a new stage: zero the stage counters, the ratio buffer fill and the stage burst count.
+
+    Must be called at a burst boundary (istate[I_POS] == 0), which is where stages end.
+    """
+    if istate[I_POS] != 0 or istate[I_NTOUCHED] != 0:
+        raise ValueError("reset_stage called inside an open burst")
+    cnt_evid[:] = 0
+    cnt_surv[:] = 0
+    cnt_upd[:] = 0
+    istate[I_NRATIOS] = 0
+    istate[I_RATIOS_SEEN] = 0
+    istate[I_STAGE_BURSTS] = 0
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _soft(v, a):
+    """(C-1) S(v, a) = sign(v)·max(|v| − a, 0); a = 0 returns v unchanged."""
+    if v > a:
+        return v - a
+    if v < -a:
+        return v + a
+    return 0.0
+
+
+@numba.njit(cache=True, nogil=True)
+def _next_uniform(istate):
+    """splitmix64 step on istate[I_RNG]; returns a double in [0, 1)."""
+    s = np.uint64(istate[I_RNG]) + np.uint64(0x9E3779B97F4A7C15)
+    istate[I_RNG] = np.int64(s)
+    z = s
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    z = z ^ (z >> np.uint64(31))
+    return float(z >> np.uint64(11)) * (1.0 / 9007199254740992.0)
+
+
+@numba.njit(cache=True, nogil=True)
+def _record_ratio(ratios, istate, j, r):
+    """Append (j, r) to the stage ratio buffer; uniform reservoir sample once it is full."""
+    cap = ratios.shape[0]
+    seen = istate[I_RATIOS_SEEN] + 1
+    istate[I_RATIOS_SEEN] = seen
+    if seen <= cap:
+        k = seen - 1
+        istate[I_NRATIOS] = seen
+    else:
+        k = np.int64(_next_uniform(istate) * seen)
+        if k >= seen:  # guard against rounding
+            k = seen - 1
+        if k >= cap:
+            return
+    ratios[k, 0] = float(j)
+    ratios[k, 1] = r
+
+
+@numba.njit(cache=True, nogil=True)
+def _select_kth(touched, n, key, k):
+    """Reorder touched[:n] in place so touched[k] holds the feature of the k-th smallest key
+    (0-based), like np.partition; returns that key. Iterative quickselect, middle pivot."""
+    lo = 0
+    hi = n - 1
+    while lo < hi:
+        mid = (lo + hi) // 2
+        pivot = key[touched[mid]]
+        i = lo
+        j = hi
+        while i <= j:
+            while key[touched[i]] < pivot:
+                i += 1
+            while key[touched[j]] > pivot:
+                j -= 1
+            if i <= j:
+                tmp = touched[i]
+                touched[i] = touched[j]
+                touched[j] = tmp
+                i += 1
+                j -= 1
+        if k <= j:
+            hi = j
+        elif k >= i:
+            lo = i
+        else:
+            break
+    return key[touched[k]]
+
+
+@numba.njit(cache=True, nogil=True)
+def _quantile_rank(beta, n):
+    """⌈β n⌉ (1-based rank), robust to β·n landing one ulp above an integer; clamped to [1, n]."""
+    x = beta * n
+    k = np.int64(math.ceil(x - 1e-9 * max(1.0, x)))
+    if k < 1:
+        k = 1
+    if k > n:
+        k = n
+    return k
+
+
+@numba.njit(cache=True, nogil=True)
+def stsgd_close_burst(w, kt, w_start, touched, istate, fstate, cnt_evid, cnt_surv, cnt_upd,
+                      ratios, g0, informative, quantile_first_burst, beta):
+    """Close the open burst: record ratios (ST-9), truncate touched coordinates (ST-4 / ST-2),
+    update the stage counters (ST-6 / ST-11), reset k̃. A no-op on an empty burst (pos == 0).
+
+    Called by :func:`stsgd_block` after every K-th update; the engine may call it once at the very
+    end of training to close a partial last burst (its uniform amount is then g0·pos).
+    """
+    pos = istate[I_POS]
+    if pos == 0:
+        return
+    n = istate[I_NTOUCHED]
+    # pass 1: per-feature movement ratio r_j = |Δw_j| / k̃_j, kept in w_start[j]
+    for i in range(n):
+        j = touched[i]
+        w_start[j] = abs(w[j] - w_start[j]) / kt[j]
+    g = g0
+    if quantile_first_burst:
+        if beta <= 0.0 or n == 0:
+            g = 0.0
+        else:
+            k = _quantile_rank(beta, n)
+            g = _select_kth(touched, n, w_start, k - 1)
+    # pass 2: record, truncate, count
+    for i in range(n):
+        j = touched[i]
+        _record_ratio(ratios, istate, j, w_start[j])
+        kj = kt[j]
+        if informative:
+            a = g * kj
+        else:
+            a = g * pos
+        v = _soft(w[j], a)
+        w[j] = v
+        cnt_evid[j] += 1
+        cnt_upd[j] += kj
+        if v != 0.0:
+            cnt_surv[j] += 1
+        kt[j] = 0
+    istate[I_NTOUCHED] = 0
+    istate[I_POS] = 0
+    istate[I_STAGE_BURSTS] += 1
+    istate[I_BURSTS] += 1
+    fstate[F_G0_LAST] = g
+
+
+@numba.njit(cache=True, nogil=True)
+def stsgd_block(indptr, indices, data, y, rows, start, w, alive, kt, w_start, touched, istate,
+                fstate, cnt_evid, cnt_surv, cnt_upd, ratios, eta, schedule, K, g0, loss,
+                hinge_at_one, informative, count_violations_only, fit_bias, max_bursts,
+                quantile_first_burst, beta):
+    """Advance one STSGD path over rows[start:] of a CSR block; returns the number of rows consumed.
+
+    Bursts of K updates (ST-1, restricted to alive features) with informative counters k̃ (ST-3);
+    at each burst end touched coordinates are truncated by S(w_j, g0·k̃_j) (ST-4), or by g0·K when
+    ``informative`` is False (ST-2 on touched coordinates). Stops right after the burst that makes
+    istate[I_STAGE_BURSTS] == max_bursts (max_bursts ≤ 0: no limit) or when the rows run out (the
+    open burst then stays in the state). η_t = eta (schedule 0) or eta/√t (schedule 1), t = the
+    path's update count after increment. ``loss`` is a code of kernels.losses.
+    """
+    if K < 1:
+        raise ValueError("stsgd_block: K must be >= 1")
+    nrows = rows.shape[0]
+    if max_bursts > 0 and istate[I_STAGE_BURSTS] >= max_bursts:
+        return 0
+    cap_t = touched.shape[0]
+    consumed = 0
+    for ri in range(start, nrows):
+        r = rows[ri]
+        lo = indptr[r]
+        hi = indptr[r + 1]
+        yi = y[r]
+        # prediction on the stable set
+        f = fstate[F_BIAS]
+        for q in range(lo, hi):
+            j = indices[q]
+            if alive[j]:
+                f += w[j] * data[q]
+        t = istate[I_T] + 1
+        istate[I_T] = t
+        fstate[F_LOSS_SUM] += loss_fn(f, yi, loss)
+        d = dloss(f, yi, loss, hinge_at_one)
+        if schedule == SCHEDULE_INVSQRT:
+            e = eta / math.sqrt(t)
+        else:
+            e = eta
+        if d != 0.0 or not count_violations_only:
+            step = e * d
+            nt = istate[I_NTOUCHED]
+            for q in range(lo, hi):
+                j = indices[q]
+                if alive[j]:
+                    if kt[j] == 0:
+                        if nt >= cap_t:
+                            istate[I_NTOUCHED] = nt
+                            raise ValueError("stsgd_block: touched buffer too small")
+                        touched[nt] = j
+                        nt += 1
+                        w_start[j] = w[j]
+                    kt[j] += 1
+                    w[j] -= step * data[q]
+            istate[I_NTOUCHED] = nt
+        if fit_bias:
+            fstate[F_BIAS] -= e * d
+        istate[I_POS] += 1
+        consumed += 1
+        if istate[I_POS] >= K:
+            stsgd_close_burst(w, kt, w_start, touched, istate, fstate, cnt_evid, cnt_surv,
+                              cnt_upd, ratios, g0, informative, quantile_first_burst, beta)
+            if max_bursts > 0 and istate[I_STAGE_BURSTS] >= max_bursts:
+                break
+    return consumed

@@ -1,0 +1,57 @@
+"""Feature-selection stability: Cohen's kappa between selected-feature sets — ALGORITHMS.md §2
+("Feature-selection stability", STSGD paper eqs. after (17) and (18)).
+
+Sets are given as arrays of feature indices in [0, p) (any order; duplicates ignored), so nothing
+of size p is ever allocated: cost O(|S1| log |S1| + |S2| log |S2|).
+
+For S1, S2 ⊆ {0..p−1}: p11 = |S1∩S2|, p12 = |S1∖S2|, p21 = |S2∖S1|, p22 = p − p11 − p12 − p21,
+q_o = (p11 + p22)/p, q_e = [(p11+p12)(p11+p21) + (p12+p22)(p21+p22)]/p², κ = (q_o − q_e)/(1 − q_e).
+This equals ``sklearn.metrics.cohen_kappa_score`` on the two 0/1 indicator vectors.
+
+Degenerate case [R]: q_e = 1 happens exactly when both sets are empty or both are the full set
+{0..p−1}; then the two selections agree perfectly and κ = 1 (sklearn returns its
+``replace_undefined_by``, NaN by default). Were q_e = 1 with S1 ≠ S2 (impossible for sets) κ = 0.
+One set empty and the other full gives q_e = 0, q_o = 0, κ = 0 (as sklearn).
+"""
+import numpy as np
+
+
+def _as_set(s, p):
+    a = np.unique(np.asarray(s, dtype=np.int64).ravel())
+    if a.size and (a[0] < 0 or a[-1] >= p):
+        raise ValueError(f"feature index out of range [0, {p})")
+    return a
+
+
+def cohen_kappa(set_a, set_b, p):
+    """Cohen's κ of two selected-feature sets (index arrays) over p features; κ ∈ [−1, 1]."""
+    p = int(p)
+    if p <= 0:
+        raise ValueError("p must be positive")
+    a = _as_set(set_a, p)
+    b = _as_set(set_b, p)
+    p11 = int(np.intersect1d(a, b, assume_unique=True).size)
+    p12 = int(a.size) - p11
+    p21 = int(b.size) - p11
+    p22 = p - p11 - p12 - p21
+    # exact integer numerators, one division each
+    num_e = (p11 + p12) * (p11 + p21) + (p12 + p22) * (p21 + p22)
+    den = p * p
+    if num_e == den:
+        return 1.0 if p12 == 0 and p21 == 0 else 0.0
+    # κ = (q_o − q_e)/(1 − q_e) = (p·(p11+p22) − num_e) / (p² − num_e)
+    return float((p * (p11 + p22) - num_e) / (den - num_e))
+
+
+def mean_pairwise_kappa(sets, p):
+    """Stability ŝ = (1/(B(B−1))) Σ_i Σ_{j≠i} κ(S_i, S_j) over B ≥ 2 runs (κ is symmetric, so
+    this is the mean over the B(B−1)/2 unordered pairs). Lies in [−1, 1]."""
+    sets = [_as_set(s, int(p)) for s in sets]
+    B = len(sets)
+    if B < 2:
+        raise ValueError("mean_pairwise_kappa needs at least two sets")
+    total = 0.0
+    for i in range(B):
+        for j in range(i + 1, B):
+            total += cohen_kappa(sets[i], sets[j], p)
+    return total / (B * (B - 1) / 2)

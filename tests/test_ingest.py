@@ -1,0 +1,244 @@
+"""Ingest: round trips against scikit-learn, worker invariance, atomicity, append, bad input, compression."""
+import bz2
+import gzip
+import json
+import lzma
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+from sklearn.datasets import load_svmlight_file
+
+from pipeline.ingest import IngestError, IngestOptions, ingest
+from pipeline.store import format as fmt
+from pipeline.store.reader import open_store
+from tests.conftest import DATA, data_file
+
+SHARED = ["rcv1_subset/rcv1_vw_small_train.svm", "rcv1_subset/rcv1_vw_small_test.svm",
+          "rcv1_subset/rcv1_vw_smaller_extra.svm", "dexter/dexter_train.svm", "dexter/dexter_valid.svm",
+          "svmlight_example1/train.dat", "svmlight_example1/test.dat", "news20_binary/news20_binary.svm",
+          "a9a/a9a", "a9a/a9a.t", "w8a/w8a"]
+
+
+def store_matrix(path, split="all"):
+    st = open_store(path)
+    blocks = list(st.blocks(split))
+    return sp.vstack([b.X for b in blocks]).tocsr(), np.concatenate([b.y for b in blocks]), st
+
+
+def all_arrays(path):
+    st = open_store(path)
+    return {b.key: (b.indptr, b.indices, b.data, b.raw_labels) for b in st.blocks("all")}
+
+
+def write(path, text):
+    path.write_bytes(text.encode() if isinstance(text, str) else text)
+    return str(path)
+
+
+def lines(n, seed=0, width=50):
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(n):
+        idx = np.sort(rng.choice(width, size=rng.integers(0, 8), replace=False)) + 1
+        out.append(("+1" if rng.random() < 0.6 else "-1") + "".join(f" {i}:{rng.normal():.5g}" for i in idx))
+    return out
+
+
+@pytest.mark.parametrize("rel", SHARED)
+def test_round_trip_equals_sklearn(rel, tmp, client):
+    f = data_file(rel)
+    out = tmp / "s.zarr"
+    s = ingest([str(f)], str(out), IngestOptions(block_mb=0.25, holdout=0.2), client=client)
+    X, y, st = store_matrix(out)
+    Xr, yr = load_svmlight_file(str(f), n_features=st.n_features)
+    assert X.shape == Xr.shape and s["n_rows"] == Xr.shape[0] and s["nnz"] == Xr.nnz
+    assert np.array_equal(X.indptr, Xr.indptr) and np.array_equal(X.indices, Xr.indices)
+    assert np.array_equal(X.data, Xr.data.astype(np.float32))
+    assert np.array_equal(y, np.where(yr > 0, 1.0, -1.0))
+    assert all(b.verify() for b in st.blocks("all"))
+    stats = st.feature_stats()
+    Xt = sp.vstack([b.X for b in st.blocks("train")]).tocsr().astype(np.float64)
+    assert np.array_equal(stats["col_nnz"], np.diff(Xt.tocsc().indptr))
+    np.testing.assert_allclose(stats["col_sumsq"], np.asarray(Xt.multiply(Xt).sum(axis=0)).ravel(), rtol=1e-12)
+
+
+def test_store_identical_with_one_or_two_workers(tmp, client):
+    f = data_file("news20_binary/news20_binary.svm")
+    ingest([str(f)], str(tmp / "a"), IngestOptions(block_mb=0.5), client=client)
+    ingest([str(f)], str(tmp / "b"), IngestOptions(block_mb=0.5), workers=1)
+    a, b = all_arrays(tmp / "a"), all_arrays(tmp / "b")
+    assert list(a) == list(b) and len(a) > 5
+    for k in a:
+        for x, z in zip(a[k], b[k]):
+            assert x.dtype == z.dtype and np.array_equal(x, z)
+    ma, mb = open_store(tmp / "a").manifest, open_store(tmp / "b").manifest
+    assert ma["holdout"] == mb["holdout"] and [e["checksum"] for e in ma["blocks"]] == [e["checksum"] for e in mb["blocks"]]
+
+
+def test_holdout_is_chosen_by_seed(tmp, client):
+    f = data_file("a9a/a9a")
+    keys = []
+    for name, seed in (("a", 1), ("b", 1), ("c", 2)):
+        ingest([str(f)], str(tmp / name), IngestOptions(block_mb=0.1, holdout=0.3, seed=seed), client=client)
+        keys.append(open_store(tmp / name).manifest["holdout"]["blocks"])
+    assert keys[0] == keys[1] != keys[2] and len(keys[0]) == round(0.3 * len(open_store(tmp / "a").manifest["blocks"]))
+
+
+BAD = [("1 1:1 3:2 2:1", "not increasing"), ("1 0:1", "index 0"), ("1 1:1 1:2", "duplicate"),
+       ("1 1:nan", "non-finite"), ("1 x:1", "bad token"), ("one 1:1", "bad label"), ("1 99:1", "beyond")]
+
+
+@pytest.mark.parametrize("bad,reason", BAD)
+def test_malformed_line_stops_with_file_line_and_reason(bad, reason, tmp, client):
+    body = lines(300)
+    body.insert(217, bad)
+    f = write(tmp / "in.svm", "\n".join(body) + "\n")
+    with pytest.raises(IngestError) as e:
+        ingest([f], str(tmp / "s"), IngestOptions(block_mb=0.001, n_features=60), client=client)
+    assert f"in.svm:218:" in str(e.value) and reason in str(e.value)
+    assert not (tmp / "s").exists() and not list(tmp.glob("s.tmp-*"))
+
+
+def test_skip_mode_drops_and_lists_bad_lines(tmp, client):
+    body = lines(200)
+    body.insert(10, "1 2:1 2:3")
+    body.insert(150, "1 5:inf")
+    f = write(tmp / "in.svm", "\n".join(body))
+    s = ingest([f], str(tmp / "s"), IngestOptions(block_mb=0.001, on_invalid="skip"), client=client)
+    assert s["n_rows"] == 200 and s["skipped_lines"] == 2
+    rec = [json.loads(x) for x in open(tmp / "s" / s["skipped_file"])]
+    assert [(r["line"], r["reason"].split()[0]) for r in rec] == [(11, "duplicate"), (151, "non-finite")]
+    assert open_store(tmp / "s").manifest["skipped"]["count"] == 2
+
+
+def test_mixed_binary_and_real_labels_is_an_error(tmp, client):
+    body = lines(400)
+    body[333] = "0.5 1:1"
+    f = write(tmp / "in.svm", "\n".join(body))
+    with pytest.raises(IngestError, match=r"in.svm:334: binary labels mixed with non-binary"):
+        ingest([f], str(tmp / "s"), client=client)
+    s = ingest([f], str(tmp / "t"), IngestOptions(labels="-1,1", on_invalid="skip"), client=client)
+    assert s["n_rows"] == 399 and s["skipped_lines"] == 1
+
+
+def test_label_encodings_and_regression(tmp, client):
+    f01 = write(tmp / "a.svm", "1 1:1\n0 2:1\n1 3:1\n")
+    f12 = write(tmp / "b.svm", "2 1:1\n1 2:1\n")
+    freg = write(tmp / "c.svm", "0.5 1:1\n-2.25 2:1\n3 1:1\n")
+    ingest([f01, f12], str(tmp / "s"), IngestOptions(holdout=0), client=client)
+    _, y, st = store_matrix(tmp / "s")
+    assert y.tolist() == [1, -1, 1, 1, -1] and st.manifest["labels"]["counts"] == {"+1": 3, "-1": 2}
+    ingest([freg], str(tmp / "r"), IngestOptions(holdout=0), client=client)
+    _, y, st = store_matrix(tmp / "r")
+    assert y.tolist() == [0.5, -2.25, 3.0] and st.label_kind == "regression"
+
+
+def test_append_adds_rows_widens_and_refuses_the_same_file(tmp, client):
+    a = write(tmp / "a.svm", "\n".join(lines(100, 1, width=20)))
+    b = write(tmp / "b.svm", "\n".join(lines(80, 2, width=40)))
+    ingest([a], str(tmp / "s"), IngestOptions(block_mb=0.001), client=client)
+    before = open_store(tmp / "s").manifest
+    s = ingest([b], str(tmp / "s"), IngestOptions(block_mb=0.001), append=True, client=client)
+    X, y, st = store_matrix(tmp / "s")
+    Xa, _ = load_svmlight_file(a, n_features=st.n_features)
+    Xb, _ = load_svmlight_file(b, n_features=st.n_features)
+    assert s["n_rows"] == 180 and st.n_features == max(Xb.indices.max() + 1, before["n_features"])
+    assert (X != sp.vstack([Xa, Xb]).astype(np.float32)).nnz == 0
+    assert st.manifest["manifest_version"] == before["manifest_version"] + 1
+    assert [e["key"] for e in st.manifest["blocks"][: len(before["blocks"])]] == [e["key"] for e in before["blocks"]]
+    with pytest.raises(IngestError, match="already ingested"):
+        ingest([b], str(tmp / "s"), append=True, client=client)
+    assert open_store(tmp / "s").manifest == st.manifest
+    assert len(os.listdir(tmp / "s" / "stats")) == 2  # zarr.json + the current version only
+
+
+def test_existing_store_is_not_overwritten(tmp, client):
+    a = write(tmp / "a.svm", "1 1:1\n")
+    ingest([a], str(tmp / "s"), client=client)
+    with pytest.raises(IngestError, match="already exists"):
+        ingest([a], str(tmp / "s"), client=client)
+
+
+@pytest.mark.parametrize("opener,suffix", [(gzip.open, ".gz"), (bz2.open, ".bz2"), (lzma.open, ".xz")])
+def test_compressed_inputs_stream_and_truncation_is_an_error(opener, suffix, tmp, client):
+    text = "\n".join(lines(3000, 3)) + "\n"
+    plain = write(tmp / "p.svm", text)
+    comp = tmp / ("c.svm" + suffix)
+    with opener(comp, "wb") as f:
+        f.write(text.encode())
+    ingest([plain], str(tmp / "p"), IngestOptions(block_mb=0.01), client=client)
+    ingest([str(comp)], str(tmp / "c"), IngestOptions(block_mb=0.01), client=client)
+    Xp, yp, _ = store_matrix(tmp / "p")
+    Xc, yc, st = store_matrix(tmp / "c")
+    assert (Xp != Xc).nnz == 0 and np.array_equal(yp, yc) and len(st.manifest["blocks"]) > 2
+    raw = comp.read_bytes()
+    trunc = write(tmp / ("t.svm" + suffix), raw[: len(raw) * 2 // 3])
+    with pytest.raises(IngestError, match="truncated or corrupt"):
+        ingest([trunc], str(tmp / "t"), client=client)
+    assert not (tmp / "t").exists()
+
+
+def test_errors_in_compressed_input_name_the_line(tmp, client):
+    body = lines(2000, 4)
+    body[1500] = "1 3:1 2:1"
+    comp = tmp / "c.svm.gz"
+    with gzip.open(comp, "wb") as f:
+        f.write("\n".join(body).encode())
+    with pytest.raises(IngestError, match=r"c.svm.gz:1501:"):
+        ingest([str(comp)], str(tmp / "s"), IngestOptions(block_mb=0.005), client=client)
+
+
+def test_to_dask_matmul_and_reader_api(tmp, client):
+    f = data_file("svmlight_example1/train.dat")
+    ingest([str(f)], str(tmp / "s"), IngestOptions(block_mb=0.1), client=client)
+    st = open_store(tmp / "s")
+    Xr, yr = load_svmlight_file(str(f), n_features=st.n_features)
+    w = np.random.default_rng(0).normal(size=st.n_features)
+    got = (st.to_dask() @ w).compute(scheduler="sync")
+    np.testing.assert_allclose(got, Xr.astype(np.float32) @ w, rtol=1e-10)
+    b = next(st.blocks("train"))
+    assert b.X.shape[1] == st.n_features and b.indptr.dtype == np.int64 and b.indices.dtype == np.int32
+    assert set(e["split"] for e in st.entries("all")) == {"train", "holdout"}
+
+
+KILL_SCRIPT = """
+import sys
+from pipeline.ingest import ingest, IngestOptions
+ingest(sys.argv[1:-1], sys.argv[-1], IngestOptions(block_mb=0.2), append={append}, workers=1)
+"""
+
+
+@pytest.mark.parametrize("append", [False, True])
+def test_kill_minus_nine_leaves_old_state_and_rerun_works(append, tmp):
+    big = write(tmp / "big.svm", "\n".join(lines(120000, 5, width=5000)) + "\n")
+    small = write(tmp / "small.svm", "\n".join(lines(50, 6)) + "\n")
+    out = tmp / "s"
+    if append:
+        ingest([small], str(out), IngestOptions(block_mb=0.2), workers=1)
+    before = open_store(out).manifest if append else None
+    proc = subprocess.Popen([sys.executable, "-c", KILL_SCRIPT.format(append=append), big, str(out)],
+                            start_new_session=True)
+    deadline = time.time() + 120
+    blocks_dir = out / "blocks"
+    while time.time() < deadline:  # wait until block directories are being written
+        tmps = list(tmp.glob("s.tmp-*/blocks/*")) if not append else [
+            d for d in blocks_dir.iterdir() if not d.name.startswith("0001")] if blocks_dir.exists() else []
+        if len(tmps) >= 2:
+            break
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    if append:
+        assert open_store(out).manifest == before
+    else:
+        assert not out.exists()
+    s = ingest([big], str(out), IngestOptions(block_mb=0.2), append=append, workers=1)
+    Xs, _, st = store_matrix(out)
+    assert s["n_rows"] == 120000 + (50 if append else 0)
+    assert len({e["key"] for e in st.manifest["blocks"]}) == len(os.listdir(out / "blocks")) - 1
