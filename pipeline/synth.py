@@ -2,9 +2,10 @@
 
 Model of the data, per row:
 - length L ~ lognormal with mean ``nnz_per_row`` (sigma ``ROW_SIGMA``), clipped to [1, features];
-- L feature ranks drawn from a continuous power law p(r) ~ r^-ZIPF_EXPONENT on [1, features]
-  (Zipf-like, as trigram counts are), mapped rank -> feature id by a seeded permutation, sorted and
-  de-duplicated (duplicates are re-drawn, at most ``MAX_TOPUP`` rounds, so a row may come out shorter);
+- L distinct feature ranks drawn from a power law p(r) ~ r^-ZIPF_EXPONENT on [1, features + 1)
+  (Zipf-like, as trigram counts are; duplicates are re-drawn, at most ``MAX_DRAWS`` * L draws, so a
+  row may come out shorter when L nears ``features``), mapped rank -> feature id by a seeded affine
+  bijection (a * r + b) mod features, and sorted;
 - values Exp(1) + ``VALUE_FLOOR``, then the row is L2-normalised;
 - label +1 iff w*.x + b + eps > 0, eps ~ Logistic(0, noise_scale); w* has ``support`` non-zeros,
   N(0, 1), on random features among the ``4 * support`` most frequent; b is solved on a pilot sample
@@ -12,7 +13,8 @@ Model of the data, per row:
 
 Output is LIBSVM text: 1-based sorted unique indices, labels ``+1``/``-1``, values as ``%.6g``, ``\\n``.
 Rows are made in fixed-size chunks, chunk k seeded from (seed, k), so bytes depend only on the
-arguments (never on ``workers``). All per-token work is in numba kernels that release the GIL.
+arguments (never on ``workers``), and a file's first rows equal a shorter file's. All per-token work
+is in numba kernels that release the GIL.
 The ground truth goes to ``OUT.truth.npz`` (indices int64 0-based columns, values float64, bias) and
 ``OUT.truth.json`` (parameters and realised statistics).
 """
@@ -263,6 +265,24 @@ def format_rows(labels, indptr, indices, values, index_base=1, buf=None):
 # Row generation kernel
 # ----------------------------------------------------------------------------------------------
 
+_GOLD = np.uint64(0x9E3779B97F4A7C15)
+_MIX1 = np.uint64(0xBF58476D1CE4E5B9)
+_MIX2 = np.uint64(0x94D049BB133111EB)
+_S30, _S27, _S31, _S11 = np.uint64(30), np.uint64(27), np.uint64(31), np.uint64(11)
+_TWO_M53 = 1.0 / 9007199254740992.0
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _uniform(st):
+    """Uniform double in [0, 1) from splitmix64; st is a one-element uint64 state array."""
+    z = st[0] + _GOLD
+    st[0] = z
+    z = (z ^ (z >> _S30)) * _MIX1
+    z = (z ^ (z >> _S27)) * _MIX2
+    z = z ^ (z >> _S31)
+    return np.float64(z >> _S11) * _TWO_M53
+
+
 @numba.njit(cache=True, nogil=True)
 def _alias_table(p):
     """Vose alias table for probabilities p: (prob float64, alias int64)."""
@@ -296,15 +316,16 @@ def _alias_table(p):
 
 
 @numba.njit(cache=True, nogil=True)
-def _radix_sort(a, tmp, n, bits):
-    """Sort a[:n] (non-negative int64 keys < 2^bits) in place, LSD radix with 8-bit digits."""
+def _radix_sort(a, tmp, n, shift, bits):
+    """Sort a[:n] in place by bits [shift, bits) of its non-negative int64 keys (LSD, 8-bit digits).
+
+    Keys must be distinct in those bits and below 2^bits."""
     if n < 256:
         a[:n].sort()
         return
     count = np.empty(257, np.int64)
     src = a
     dst = tmp
-    shift = 0
     while shift < bits:
         count[:] = 0
         for k in range(n):
@@ -322,24 +343,28 @@ def _radix_sort(a, tmp, n, bits):
 
 
 @numba.njit(cache=True, nogil=True)
-def generate_chunk(seed, n_rows, features, log_mu, sigma, alias_prob, alias_idx, head_mass,
+def generate_chunk(state, n_rows, features, log_mu, sigma, alias_prob, alias_idx, head_mass,
                    zipf_c, zipf_inv, map_a, map_b, slot_by_rank, w_slot, bias, noise_scale,
                    value_floor, max_draws):
     """Make ``n_rows`` rows; return (indptr int64, indices int32 0-based, values, labels int8, margins).
 
-    ``seed`` < 2^32 seeds numba's thread-local generator, so a call is deterministic on any thread.
+    ``state`` (two uint64, advanced in place) holds two splitmix64 streams, row lengths and row
+    contents, so the output is a function of the arguments only (on any thread) and the first k rows
+    do not depend on ``n_rows``.
     A rank is drawn from one uniform x: x < head_mass picks one of the H = len(alias_prob) head ranks
     by the alias table; otherwise r = floor((1 - x * zipf_c) ** zipf_inv) - 1 (power-law inverse CDF).
     Distinct ranks are collected with a per-row hash set until the row's length is reached or
     ``max_draws`` * length draws are spent, then mapped to ids (map_a * r + map_b) mod features.
     ``margins`` are w*.x (no bias, no noise).
     """
-    np.random.seed(seed)
+    st_len = state[0:1]
+    st = state[1:2]
     lengths = np.empty(n_rows, np.int64)
     total = 0
     max_len = 1
     for i in range(n_rows):
-        L = np.int64(np.rint(math.exp(log_mu + sigma * np.random.standard_normal())))
+        z = math.sqrt(-2.0 * math.log(1.0 - _uniform(st_len))) * math.cos(2.0 * math.pi * _uniform(st_len))
+        L = np.int64(np.rint(math.exp(log_mu + sigma * z)))
         L = min(max(L, 1), features)
         lengths[i] = L
         total += L
@@ -362,6 +387,7 @@ def generate_chunk(seed, n_rows, features, log_mu, sigma, alias_prob, alias_idx,
     margins = np.empty(n_rows, np.float64)
     n_head = alias_prob.shape[0]
     n_pool = slot_by_rank.shape[0]
+    head_scale = n_head / head_mass
     pos = 0
     for i in range(n_rows):
         L = lengths[i]
@@ -374,9 +400,9 @@ def generate_chunk(seed, n_rows, features, log_mu, sigma, alias_prob, alias_idx,
         budget = max_draws * L + 64
         while u < L and budget > 0:
             budget -= 1
-            x = np.random.random()
+            x = _uniform(st)
             if x < head_mass:
-                y = x / head_mass * n_head
+                y = x * head_scale
                 r = np.int64(y)
                 if r >= n_head:
                     r = n_head - 1
@@ -397,10 +423,10 @@ def generate_chunk(seed, n_rows, features, log_mu, sigma, alias_prob, alias_idx,
             r = uniq[k]
             s = slot_by_rank[r] if r < n_pool else 0
             keys[k] = (((map_a * r + map_b) % features) << 16) | s
-        _radix_sort(keys, tmp, u, key_bits)
+        _radix_sort(keys, tmp, u, 16, key_bits)
         norm = 0.0
         for k in range(u):
-            v = value_floor - math.log(1.0 - np.random.random())
+            v = value_floor - math.log(1.0 - _uniform(st))
             values[pos + k] = v
             norm += v * v
         inv = 1.0 / math.sqrt(norm)
@@ -412,7 +438,7 @@ def generate_chunk(seed, n_rows, features, log_mu, sigma, alias_prob, alias_idx,
             indices[pos + k] = np.int32(key >> 16)
             mg += w_slot[key & 0xFFFF] * v
         margins[i] = mg
-        q = np.random.random()
+        q = _uniform(st)
         eps = 0.0
         if noise_scale > 0.0 and q > 0.0:
             eps = noise_scale * math.log(q / (1.0 - q))
@@ -426,8 +452,9 @@ def generate_chunk(seed, n_rows, features, log_mu, sigma, alias_prob, alias_idx,
 # Driver
 # ----------------------------------------------------------------------------------------------
 
-def _seed32(*words: int) -> int:
-    return int(np.random.SeedSequence(list(words)).generate_state(1, np.uint32)[0])
+def _state(*words: int) -> np.ndarray:
+    """Two splitmix64 states for the streams named by words, e.g. (seed, chunk_index)."""
+    return np.random.SeedSequence(list(words)).generate_state(2, np.uint64)
 
 
 def _chunk_rows(features: int, nnz_per_row: int) -> int:
@@ -477,7 +504,7 @@ class _Model:
         self.truth_indices, self.truth_values = ids[order], self.w_slot[1:][order]
         self.log_mu = math.log(nnz_per_row) - 0.5 * ROW_SIGMA ** 2
         # pilot sample: solve bias b so that mean sigmoid((m + b) / s) == POSITIVE_FRACTION
-        _, _, _, _, m = self.rows(_seed32(seed, 0xFFFFFFFF, 2), PILOT_ROWS, 0.0, 0.0)
+        _, _, _, _, m = self.rows(_state(seed, 0xFFFFFFFF, 2), PILOT_ROWS, 0.0, 0.0)
         sd = float(np.std(m))
         self.noise_scale = NOISE_REL * sd if sd > 0 else 1.0
         lo, hi = -float(np.max(m)) - 50 * self.noise_scale, -float(np.min(m)) + 50 * self.noise_scale
@@ -490,15 +517,15 @@ class _Model:
                 hi = b
         self.bias = 0.5 * (lo + hi)
 
-    def rows(self, seed32, n_rows, bias, noise_scale):
-        return generate_chunk(seed32, n_rows, self.features, self.log_mu, ROW_SIGMA,
+    def rows(self, state, n_rows, bias, noise_scale):
+        return generate_chunk(state, n_rows, self.features, self.log_mu, ROW_SIGMA,
                               self.alias_prob, self.alias_idx, self.head_mass, self.zipf_c,
                               self.zipf_inv, self.map_a, self.map_b, self.slot_by_rank,
                               self.w_slot, bias, noise_scale, VALUE_FLOOR, MAX_DRAWS)
 
 
 def _make_chunk(model, seed, k, n_rows):
-    indptr, indices, values, labels, _ = model.rows(_seed32(seed, k), n_rows, model.bias,
+    indptr, indices, values, labels, _ = model.rows(_state(seed, k), n_rows, model.bias,
                                                     model.noise_scale)
     buf = np.empty(format_bound(n_rows, indices.shape[0], model.features), np.uint8)
     n = _format_rows(labels, indptr, indices, values, np.int64(1), buf, _P10)
@@ -523,7 +550,7 @@ def synth(out_path, rows, features=WEBSPAM_FEATURES, nnz_per_row=3700, seed=0, p
     Deterministic in (rows, features, nnz_per_row, seed); ``workers`` threads only change speed.
     ``progress(bytes_written, rows_written)`` is called after every chunk. The file appears only
     when complete. Returns {path, rows, features, nnz, bytes, seconds, mb_per_s (1 MB = 1e6 bytes),
-    positive_fraction}.
+    positive_fraction, setup_seconds (pilot sample and model, included in seconds)}.
     """
     t0 = time.perf_counter()
     rows = _check_int("rows", rows, 0)
@@ -535,6 +562,7 @@ def synth(out_path, rows, features=WEBSPAM_FEATURES, nnz_per_row=3700, seed=0, p
         raise TypeError("progress must be callable or None")
     out = Path(out_path)
     model = _Model(seed, features, nnz_per_row)
+    setup = time.perf_counter() - t0
     chunk = _chunk_rows(features, nnz_per_row)
     sizes = [min(chunk, rows - s) for s in range(0, rows, chunk)]
     stats = {"bytes": 0, "rows": 0, "nnz": 0, "pos": 0}
@@ -550,10 +578,7 @@ def synth(out_path, rows, features=WEBSPAM_FEATURES, nnz_per_row=3700, seed=0, p
             progress(stats["bytes"], stats["rows"])
 
     def write_data(f):
-        if workers == 1:
-            for k, n_rows in enumerate(sizes):
-                emit(f, _make_chunk(model, seed, k, n_rows), n_rows)
-            return
+        # generation on `workers` threads (numba kernels release the GIL); this thread writes in order
         with ThreadPoolExecutor(workers) as ex:
             pending = deque()
             nxt = 0
@@ -595,4 +620,4 @@ def synth(out_path, rows, features=WEBSPAM_FEATURES, nnz_per_row=3700, seed=0, p
     return {"path": str(out), "rows": rows, "features": features, "nnz": stats["nnz"],
             "bytes": stats["bytes"], "seconds": secs,
             "mb_per_s": stats["bytes"] / 1e6 / secs if secs > 0 else float("inf"),
-            "positive_fraction": pos_frac}
+            "positive_fraction": pos_frac, "setup_seconds": setup}

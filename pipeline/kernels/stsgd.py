@@ -15,8 +15,8 @@ array          dtype / shape                meaning
 ``kt``         int64[p]                     k̃_j of the open burst (ST-3); 0 for every j between
                                             bursts
 ``w_start``    float64[p]                   w_j at the first touch of j in the open burst; only
-                                            entries of touched j are meaningful (after a burst closes
-                                            they hold that burst's ratio r_j; never read again)
+                                            entries of touched j are meaningful (stale afterwards;
+                                            in quantile mode they hold the burst's ratio r_j)
 ``touched``    int64[cap_t]                 features with k̃_j > 0 in the open burst, first-touch
                                             order; fill count istate[I_NTOUCHED]. cap_t must be ≥ the
                                             number of distinct alive features a burst can touch
@@ -144,35 +144,15 @@ def _soft(v, a):
     return 0.0
 
 
-@numba.njit(cache=True, nogil=True)
-def _next_uniform(istate):
-    """splitmix64 step on istate[I_RNG]; returns a double in [0, 1)."""
-    s = np.uint64(istate[I_RNG]) + np.uint64(0x9E3779B97F4A7C15)
-    istate[I_RNG] = np.int64(s)
+@numba.njit(cache=True, nogil=True, inline="always")
+def _splitmix64(state):
+    """One splitmix64 step: returns (new_state, uniform double in [0, 1)); state is uint64."""
+    s = state + np.uint64(0x9E3779B97F4A7C15)
     z = s
     z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
     z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
     z = z ^ (z >> np.uint64(31))
-    return float(z >> np.uint64(11)) * (1.0 / 9007199254740992.0)
-
-
-@numba.njit(cache=True, nogil=True)
-def _record_ratio(ratios, istate, j, r):
-    """Append (j, r) to the stage ratio buffer; uniform reservoir sample once it is full."""
-    cap = ratios.shape[0]
-    seen = istate[I_RATIOS_SEEN] + 1
-    istate[I_RATIOS_SEEN] = seen
-    if seen <= cap:
-        k = seen - 1
-        istate[I_NRATIOS] = seen
-    else:
-        k = np.int64(_next_uniform(istate) * seen)
-        if k >= seen:  # guard against rounding
-            k = seen - 1
-        if k >= cap:
-            return
-    ratios[k, 0] = float(j)
-    ratios[k, 1] = r
+    return s, float(z >> np.uint64(11)) * (1.0 / 9007199254740992.0)
 
 
 @numba.njit(cache=True, nogil=True)
@@ -231,21 +211,38 @@ def stsgd_close_burst(w, kt, w_start, touched, istate, fstate, cnt_evid, cnt_sur
     if pos == 0:
         return
     n = istate[I_NTOUCHED]
-    # pass 1: per-feature movement ratio r_j = |Δw_j| / k̃_j, kept in w_start[j]
-    for i in range(n):
-        j = touched[i]
-        w_start[j] = abs(w[j] - w_start[j]) / kt[j]
     g = g0
     if quantile_first_burst:
+        # pass 1: per-feature movement ratio r_j = |Δw_j| / k̃_j, kept in w_start[j]; its quantile
+        for i in range(n):
+            j = touched[i]
+            w_start[j] = abs(w[j] - w_start[j]) / kt[j]
         if beta <= 0.0 or n == 0:
             g = 0.0
         else:
             k = _quantile_rank(beta, n)
             g = _select_kth(touched, n, w_start, k - 1)
-    # pass 2: record, truncate, count
+    # record ratio (ST-9 buffer; uniform reservoir once full), truncate, count
+    cap = ratios.shape[0]
+    seen = istate[I_RATIOS_SEEN]
+    rng = np.uint64(istate[I_RNG])
     for i in range(n):
         j = touched[i]
-        _record_ratio(ratios, istate, j, w_start[j])
+        if quantile_first_burst:
+            r = w_start[j]
+        else:
+            r = abs(w[j] - w_start[j]) / kt[j]
+        if seen < cap:
+            ratios[seen, 0] = float(j)
+            ratios[seen, 1] = r
+            seen += 1
+        else:
+            seen += 1
+            rng, u = _splitmix64(rng)
+            slot = np.int64(u * seen)
+            if slot < cap:
+                ratios[slot, 0] = float(j)
+                ratios[slot, 1] = r
         kj = kt[j]
         if informative:
             a = g * kj
@@ -258,6 +255,9 @@ def stsgd_close_burst(w, kt, w_start, touched, istate, fstate, cnt_evid, cnt_sur
         if v != 0.0:
             cnt_surv[j] += 1
         kt[j] = 0
+    istate[I_RATIOS_SEEN] = seen
+    istate[I_NRATIOS] = min(seen, cap)
+    istate[I_RNG] = np.int64(rng)
     istate[I_NTOUCHED] = 0
     istate[I_POS] = 0
     istate[I_STAGE_BURSTS] += 1

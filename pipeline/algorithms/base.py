@@ -1,0 +1,95 @@
+"""What an algorithm supplies to the engine. No Dask here: these are plain functions on numpy state.
+
+A *path* is one model replica with its own RNG stream; its state is a ``dict[str, np.ndarray]`` (scalars
+as 1-element arrays) so it can be copied, shipped to workers and saved without pickle. A *stage* is the
+unit between cross-path reductions: one pass for parameter mixing (``path_mode = "split"``: paths split the
+blocks), or an algorithm-defined length (``path_mode = "full"``: every path reads every block).
+
+Stage end, for every algorithm::
+
+    summary_m = summarize(state_m)                  on the path's worker
+    total     = combine(combine(s_0, s_1), ...)     fixed pairwise tree over paths (deterministic)
+    decision, gstate, diag = decide(total, gstate)  one task
+    state_m   = apply(state_m, decision)            on the path's worker
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import numpy as np
+
+
+def copy_state(state: dict) -> dict:
+    """Private copy of a path state (tasks are pure: they advance a copy)."""
+    return {k: v.copy() for k, v in state.items()}
+
+
+def params_from_dict(cls, values: dict, where: str = "config"):
+    """Build the frozen hyper-parameter dataclass ``cls`` from ``values``, rejecting unknown keys."""
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(values) - names)
+    if unknown:
+        raise ValueError(f"{where}: unknown option(s) {', '.join(unknown)} for {cls.__name__}; "
+                         f"known: {', '.join(sorted(names))}")
+    return cls(**values)
+
+
+class Algorithm:
+    """Base class; subclasses set ``name``, ``Params`` and implement the hooks below."""
+
+    name = "base"
+    path_mode = "split"
+    Params: Any = None
+    #: state keys identical on every path after ``apply`` (saved once in the model, not per path)
+    shared_keys: tuple = ()
+
+    def __init__(self, params):
+        self.params = params
+
+    # --- per path -----------------------------------------------------------------------------
+    def init_path(self, n_features: int, path: int) -> dict:
+        raise NotImplementedError
+
+    def resize(self, state: dict, n_features: int) -> dict:
+        """Widen a (warm-start) state to ``n_features``; per-feature arrays are zero-padded."""
+        out = {}
+        for k, v in state.items():
+            if k in self.feature_keys and v.shape[-1] < n_features:
+                pad = [(0, 0)] * (v.ndim - 1) + [(0, n_features - v.shape[-1])]
+                v = np.pad(v, pad)
+            out[k] = v
+        return out
+
+    feature_keys: tuple = ()
+
+    def advance(self, state: dict, indptr, indices, data, y, rows, start: int, pass_index: int):
+        """Advance ``state`` in place over ``rows[start:]`` of one block; return (rows consumed, stage done)."""
+        raise NotImplementedError
+
+    # --- stage end ----------------------------------------------------------------------------
+    def summarize(self, state: dict) -> dict:
+        raise NotImplementedError
+
+    def combine(self, a: dict, b: dict) -> dict:
+        return {k: a[k] + b[k] for k in a}
+
+    def decide(self, total: dict, gstate: dict, n_paths: int):
+        raise NotImplementedError
+
+    def apply(self, state: dict, decision: dict) -> dict:
+        raise NotImplementedError
+
+    def init_global(self, n_features: int) -> dict:
+        return {}
+
+    def weights(self, decision: dict):
+        """(dense weights float64, bias) of the aggregated model described by ``decision``."""
+        return decision["w"], float(decision["bias"][0])
+
+    def finished(self, gstate: dict) -> bool:
+        """An algorithm-level stopping rule (e.g. STSGD's convergence, a density bound)."""
+        return False
+
+    def hyper(self) -> dict:
+        return dataclasses.asdict(self.params)

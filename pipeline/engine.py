@@ -1,0 +1,335 @@
+"""The one Dask scheduler for every algorithm: passes, paths, shuffling, stages, reductions, evaluation.
+
+The model is a function of (data, seed, paths, hyper-parameters) only:
+* block order of path m in pass q: ``split`` mode — one seeded permutation of the training blocks per pass,
+  path m takes every M-th block; ``full`` mode — each path has its own permutation per pass;
+* row order inside a block: a permutation seeded by (seed, pass, path, block);
+* stage-end reductions combine path summaries in a fixed pairwise tree over path indices.
+None of this depends on which worker runs what, so 1 or N workers give bit-identical weights.
+
+Tasks are pure: ``advance_task`` copies the state it receives and returns the advanced copy, so a task
+recomputed after a lost worker gives the same result. One task advances a path over *all* of its blocks
+in the stage, so the copy is paid once per stage, not per block; the task reports copy / I/O / kernel time.
+
+Placement: ``placement="paths"`` submits one task per path per stage (paths spread over workers);
+``placement="single"`` runs the same stage loop inside one task (short stages on small data, where a
+cross-worker reduction per stage would cost more than the work). Both run the same functions in the same
+order and give identical models.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from functools import lru_cache
+
+import numpy as np
+
+from pipeline.algorithms.base import Algorithm, copy_state
+
+CURSOR = "cursor"  # int64[3]: pass index, position in this pass's block list, row position in the block
+TIMING = "_timing"  # float64[4]: copy s, read s, kernel s, non-zeros processed
+
+
+# ------------------------------------------------------------------------------------- orders
+
+def path_blocks(seed: int, pass_index: int, path: int, n_paths: int, n_blocks: int, mode: str) -> np.ndarray:
+    """Indices of the training blocks path ``path`` reads in pass ``pass_index``, in order."""
+    if mode == "split":
+        return np.random.default_rng([seed, 1, pass_index]).permutation(n_blocks)[path::n_paths]
+    return np.random.default_rng([seed, 2, pass_index, path]).permutation(n_blocks)
+
+
+def row_order(seed: int, pass_index: int, path: int, block: int, n_rows: int) -> np.ndarray:
+    return np.random.default_rng([seed, 3, pass_index, path, block]).permutation(n_rows).astype(np.int64)
+
+
+# ------------------------------------------------------------------------------------- I/O
+
+@lru_cache(maxsize=8)
+def _open(store_path: str, manifest_version: int):
+    from pipeline.store.reader import open_store
+
+    st = open_store(store_path)
+    if st.manifest["manifest_version"] != manifest_version:
+        raise RuntimeError(f"{store_path}: store changed during training (manifest v{manifest_version} -> "
+                           f"v{st.manifest['manifest_version']})")
+    return st
+
+
+@dataclass(frozen=True)
+class DataRef:
+    """What a task needs to find the training blocks: store path, manifest version and the train keys."""
+
+    store: str
+    version: int
+    keys: tuple
+    rows: tuple
+    n_features: int
+
+    def load(self, b: int):
+        blk = _open(self.store, self.version).block(self.keys[b])
+        return blk.indptr, blk.indices, blk.data, blk.y
+
+
+# ------------------------------------------------------------------------------------- tasks
+
+@dataclass(frozen=True)
+class RunSpec:
+    seed: int
+    n_paths: int
+    end_pass: int  # exclusive: paths stop at this pass index
+    stage_blocks: int = 0  # full mode: blocks per path per stage (0 = until the algorithm ends the stage)
+
+
+def advance_task(algo: Algorithm, state: dict, data: DataRef, spec: RunSpec, path: int) -> dict:
+    """Advance a private copy of one path's state by one stage (pure)."""
+    t0 = time.perf_counter()
+    state = copy_state(state)
+    t_copy = time.perf_counter() - t0
+    t_read = t_kernel = 0.0
+    nnz = 0
+    cur = state[CURSOR]
+    n_blocks = len(data.keys)
+    blocks_done = 0
+    while cur[0] < spec.end_pass:
+        order = path_blocks(spec.seed, int(cur[0]), path, spec.n_paths, n_blocks, algo.path_mode)
+        if cur[1] >= order.shape[0]:
+            cur[0] += 1
+            cur[1] = 0
+            cur[2] = 0
+            if algo.path_mode == "split":
+                break  # parameter mixing: a stage is one pass
+            continue
+        b = int(order[cur[1]])
+        t1 = time.perf_counter()
+        indptr, indices, data_, y = data.load(b)
+        t2 = time.perf_counter()
+        rows = row_order(spec.seed, int(cur[0]), path, b, y.shape[0])
+        start = int(cur[2])
+        consumed, stage_done = algo.advance(state, indptr, indices, data_, y, rows, start, int(cur[0]))
+        t3 = time.perf_counter()
+        t_read += t2 - t1
+        t_kernel += t3 - t2
+        sel = rows[start:start + consumed]
+        nnz += int(np.sum(indptr[sel + 1] - indptr[sel]))
+        cur[2] += consumed
+        if cur[2] >= rows.shape[0]:
+            cur[1] += 1
+            cur[2] = 0
+            blocks_done += 1
+        if stage_done or (spec.stage_blocks and blocks_done >= spec.stage_blocks):
+            break
+    tim = state.get(TIMING, np.zeros(4))
+    state[TIMING] = tim + np.array([t_copy, t_read, t_kernel, nnz], dtype=np.float64)
+    return state
+
+
+def summarize_task(algo, state):
+    return algo.summarize(copy_state(state))
+
+
+def apply_task(algo, state, decision):
+    return algo.apply(copy_state(state), decision)
+
+
+def decide_task(algo, total, gstate, n_paths):
+    return algo.decide(total, gstate, n_paths)
+
+
+def eval_task(store: str, version: int, key: str, w, bias: float):
+    from pipeline.evaluate import block_partial
+
+    return block_partial(_open(store, version).block(key), w, bias)
+
+
+# ------------------------------------------------------------------------------------- executors
+
+class LocalExec:
+    """Runs each call immediately in this process (inside one task for placement="single")."""
+
+    def submit(self, fn, *args):
+        return fn(*args)
+
+    def result(self, x):
+        return x
+
+    def first(self, x, i):
+        return x[i]
+
+
+class DaskExec:
+    def __init__(self, client):
+        self.client = client
+
+    def submit(self, fn, *args):
+        return self.client.submit(fn, *args, pure=False)
+
+    def result(self, x):
+        return x.result()
+
+    def first(self, x, i):
+        return self.client.submit(_item, x, i, pure=False)
+
+
+def _item(x, i):
+    return x[i]
+
+
+def tree(ex, items: list, fn, *args):
+    """Combine ``items`` pairwise in a fixed tree over their indices: ((0,1),(2,3)),... (deterministic)."""
+    level = list(items)
+    while len(level) > 1:
+        nxt = [ex.submit(fn, *args, level[i], level[i + 1]) for i in range(0, len(level) - 1, 2)]
+        if len(level) % 2:
+            nxt.append(level[-1])
+        level = nxt
+    return level[0]
+
+
+def _combine(algo, a, b):
+    return algo.combine(a, b)
+
+
+# ------------------------------------------------------------------------------------- training
+
+@dataclass
+class TrainResult:
+    w: np.ndarray
+    bias: float
+    states: list
+    gstate: dict
+    history: list = field(default_factory=list)
+    timing: dict = field(default_factory=dict)
+
+
+def _evaluate(ex, data_holdout, decision, algo):
+    store, version, keys, kind = data_holdout
+    if not keys:
+        return None
+    from pipeline.evaluate import merge_partials, metrics_from_partial
+
+    wb = ex.submit(algo.weights, decision)
+    w = ex.first(wb, 0)
+    bias = ex.first(wb, 1)
+    parts = [ex.submit(eval_task, store, version, k, w, bias) for k in keys]
+    total = ex.result(tree(ex, parts, merge_partials))
+    return metrics_from_partial(total, kind)
+
+
+def run_stages(ex, algo: Algorithm, states: list, gstate: dict, data: DataRef, spec: RunSpec,
+               holdout, progress=None, evaluate_every: int = 1, max_stages: int | None = None):
+    """The stage loop shared by both placements. Returns (states, gstate, decision, history)."""
+    M = spec.n_paths
+    history = []
+    decision = None
+    stage = 0
+    t_start = time.time()
+    while True:
+        passes = [int(ex.result(ex.submit(_cursor_pass, s))) for s in states] if stage == 0 else passes
+        if min(passes) >= spec.end_pass or (max_stages is not None and stage >= max_stages):
+            break
+        t0 = time.time()
+        states = [ex.submit(advance_task, algo, states[m], data, spec, m) for m in range(M)]
+        summaries = [ex.submit(summarize_task, algo, s) for s in states]
+        total = tree(ex, summaries, _combine, algo)
+        out = ex.submit(decide_task, algo, total, gstate, M)
+        decision = ex.first(out, 0)
+        gstate = ex.result(ex.first(out, 1))
+        diag = ex.result(ex.first(out, 2))
+        states = [ex.submit(apply_task, algo, s, decision) for s in states]
+        passes = [int(ex.result(ex.submit(_cursor_pass, s))) for s in states]
+        stage += 1
+        rec = {"stage": stage, "pass": min(passes), **diag, "seconds": round(time.time() - t0, 4),
+               "elapsed": round(time.time() - t_start, 3)}
+        done = min(passes) >= spec.end_pass or algo.finished(gstate)
+        if holdout is not None and (stage % evaluate_every == 0 or done):
+            rec["holdout"] = _evaluate(ex, holdout, decision, algo)
+        history.append(rec)
+        if progress:
+            progress(rec)
+        if algo.finished(gstate):
+            break
+    return states, gstate, decision, history
+
+
+def _cursor_pass(state):
+    return state[CURSOR][0]
+
+
+def _run_single(algo, states, gstate, data, spec, holdout, evaluate_every):
+    ex = LocalExec()
+    states, gstate, decision, history = run_stages(ex, algo, states, gstate, data, spec, holdout,
+                                                   None, evaluate_every)
+    return states, gstate, decision, history
+
+
+def train(store_path: str, algo: Algorithm, *, passes: int, paths: int, seed: int = 0, client=None,
+          init_states: list | None = None, init_gstate: dict | None = None, warm: tuple | None = None,
+          placement: str = "paths", stage_blocks: int = 0, evaluate: bool = True, evaluate_every: int = 1,
+          progress=None) -> TrainResult:
+    """Train ``algo`` on the training blocks of the store for ``passes`` more passes over ``paths`` paths.
+
+    ``init_states``/``init_gstate`` resume exactly (same paths); ``warm = (w, bias)`` warm-starts every path
+    from an aggregated model. ``client`` is a distributed.Client; with None the loop runs in this process.
+    """
+    from pipeline.store.reader import open_store
+
+    st = open_store(store_path)
+    p = st.n_features
+    train_entries = st.entries("train")
+    if not train_entries:
+        raise ValueError(f"{store_path}: no training blocks")
+    if paths < 1:
+        raise ValueError(f"paths must be >= 1, got {paths}")
+    if algo.path_mode == "split" and paths > len(train_entries):
+        raise ValueError(f"{store_path}: {paths} paths but only {len(train_entries)} training blocks; with "
+                         f"--algo {algo.name} paths split the blocks: use --paths <= {len(train_entries)} "
+                         f"or re-ingest with a smaller --block-mb")
+    version = st.manifest["manifest_version"]
+    data = DataRef(st.path, version, tuple(e["key"] for e in train_entries),
+                   tuple(e["rows"] for e in train_entries), p)
+    holdout = (st.path, version, tuple(e["key"] for e in st.entries("holdout")), st.label_kind) if evaluate else None
+    if init_states is not None:
+        if len(init_states) != paths:
+            raise ValueError(f"resume needs the same number of paths as the saved model ({len(init_states)})")
+        states = [algo.resize(s, p) for s in init_states]
+        gstate = init_gstate if init_gstate is not None else algo.init_global(p)
+    else:
+        states = []
+        for m in range(paths):
+            s = algo.init_path(p, m)
+            s[CURSOR] = np.zeros(3, dtype=np.int64)
+            if warm is not None:
+                s = algo.warm_start(s, warm[0], warm[1])
+            states.append(s)
+        gstate = algo.init_global(p)
+    start_pass = min(int(s[CURSOR][0]) for s in states)
+    spec = RunSpec(seed=seed, n_paths=paths, end_pass=start_pass + passes, stage_blocks=stage_blocks)
+    t0 = time.time()
+    if client is None:
+        states, gstate, decision, history = run_stages(LocalExec(), algo, states, gstate, data, spec, holdout,
+                                                       progress, evaluate_every)
+    elif placement == "single":
+        fut = client.submit(_run_single, algo, states, gstate, data, spec, holdout, evaluate_every, pure=False)
+        states, gstate, decision, history = fut.result()
+        if progress:
+            for rec in history:
+                progress(rec)
+    else:
+        ex = DaskExec(client)
+        states, gstate, decision, history = run_stages(ex, algo, states, gstate, data, spec, holdout,
+                                                       progress, evaluate_every)
+        states = client.gather(states)
+        decision = decision.result() if decision is not None and hasattr(decision, "result") else decision
+    if decision is None:
+        raise ValueError("nothing to train: the saved model already has the requested passes")
+    w, bias = algo.weights(decision)
+    tim = np.sum([s.get(TIMING, np.zeros(4)) for s in states], axis=0)
+    for s in states:
+        s.pop(TIMING, None)
+    secs = time.time() - t0
+    timing = {"seconds": round(secs, 3), "copy_s": float(tim[0]), "read_s": float(tim[1]),
+              "kernel_s": float(tim[2]), "nnz_processed": int(tim[3]),
+              "nnz_per_s_kernel": float(tim[3] / tim[2]) if tim[2] > 0 else 0.0,
+              "copy_over_kernel": float(tim[0] / tim[2]) if tim[2] > 0 else 0.0}
+    return TrainResult(np.asarray(w, dtype=np.float64), float(bias), states, gstate, history, timing)

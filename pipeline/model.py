@@ -1,0 +1,154 @@
+"""Sparse linear model: weights, bias, optimiser state and metadata, saved as one .npz without pickle.
+
+File layout (``np.savez_compressed``; load with ``allow_pickle=False``)::
+
+    coef_indices int64, coef_values float64, bias float64[1]
+    meta         uint8  UTF-8 JSON: format, algorithm, hyper-parameters, n_features, provenance, metrics
+    state/shared/<key>          arrays identical on every path (e.g. TG's mixed weights)
+    state/path<m>/<key>         per-path optimiser state (step counters, cursors, ...)
+    state/global/<key>          algorithm-level state (stable set, gravity, ...)
+
+Written to a temporary name and renamed, so a killed save leaves the previous file.
+"""
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import dataclass, field
+
+import numpy as np
+import scipy.sparse as sp
+
+FORMAT = "sparsepipe-model"
+FORMAT_VERSION = 1
+
+
+@dataclass
+class Model:
+    n_features: int
+    coef_indices: np.ndarray
+    coef_values: np.ndarray
+    bias: float
+    meta: dict = field(default_factory=dict)
+    states: list | None = None      # per-path optimiser state (dicts of arrays), for exact resume
+    gstate: dict | None = None
+
+    @classmethod
+    def from_dense(cls, w: np.ndarray, bias: float, **kw) -> "Model":
+        idx = np.flatnonzero(w).astype(np.int64)
+        return cls(int(w.shape[0]), idx, w[idx].astype(np.float64), float(bias), **kw)
+
+    @property
+    def nnz(self) -> int:
+        return int(self.coef_indices.shape[0])
+
+    @property
+    def density(self) -> float:
+        return self.nnz / self.n_features if self.n_features else 0.0
+
+    @property
+    def coef(self) -> sp.csr_matrix:
+        """Weights as a 1 x n_features scipy.sparse row."""
+        return sp.csr_matrix((self.coef_values, self.coef_indices, [0, self.nnz]), shape=(1, self.n_features))
+
+    @property
+    def algorithm(self) -> str:
+        return self.meta.get("algorithm", "")
+
+    def dense_weights(self, n_features: int | None = None) -> np.ndarray:
+        w = np.zeros(n_features or self.n_features, dtype=np.float64)
+        keep = self.coef_indices < w.shape[0]
+        w[self.coef_indices[keep]] = self.coef_values[keep]
+        return w
+
+    def decision_function(self, X) -> np.ndarray:
+        """w·x + b for each row of a scipy.sparse matrix or dense array; columns beyond the model are ignored."""
+        X = sp.csr_matrix(X)
+        if X.shape[1] > self.n_features:
+            X = X[:, : self.n_features]
+        return np.asarray(X @ self.dense_weights(X.shape[1])).ravel() + self.bias
+
+    def predict(self, X) -> np.ndarray:
+        f = self.decision_function(X)
+        if self.meta.get("label_kind") == "regression":
+            return f
+        return np.where(f > 0, 1.0, -1.0)
+
+    # ---------------------------------------------------------------------------------- save / load
+    def save(self, path) -> str:
+        path = os.fspath(path)
+        arrays = {"coef_indices": self.coef_indices.astype(np.int64), "coef_values": self.coef_values.astype(np.float64),
+                  "bias": np.array([self.bias], dtype=np.float64)}
+        meta = {"format": FORMAT, "format_version": FORMAT_VERSION, "n_features": self.n_features, **self.meta}
+        meta["n_paths_saved"] = len(self.states) if self.states else 0
+        if self.states:
+            shared = set(self.meta.get("shared_keys", []))
+            for k, v in self.states[0].items():
+                if k in shared:
+                    arrays[f"state/shared/{k}"] = v
+            for m, s in enumerate(self.states):
+                for k, v in s.items():
+                    if k not in shared and not k.startswith("_"):
+                        arrays[f"state/path{m}/{k}"] = v
+        for k, v in (self.gstate or {}).items():
+            arrays[f"state/global/{k}"] = np.asarray(v)
+        arrays["meta"] = np.frombuffer(json.dumps(meta, default=_json_default).encode(), dtype=np.uint8)
+        d = os.path.dirname(os.path.abspath(path)) or "."
+        fd, tmp = tempfile.mkstemp(prefix=".model-", suffix=".npz", dir=d)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                np.savez_compressed(f, **arrays)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+            raise
+        return path
+
+
+def _json_default(o):
+    if isinstance(o, np.generic):
+        return o.item()
+    if isinstance(o, np.ndarray):
+        return o.tolist()
+    raise TypeError(type(o).__name__)
+
+
+class ModelError(Exception):
+    pass
+
+
+def load_model(path) -> Model:
+    """Load a model saved by :meth:`Model.save` (``allow_pickle=False``)."""
+    path = os.fspath(path)
+    try:
+        z = np.load(path, allow_pickle=False)
+    except FileNotFoundError:
+        raise ModelError(f"{path}: no such model file") from None
+    except (ValueError, OSError) as e:
+        raise ModelError(f"{path}: not a sparsepipe model ({e})") from None
+    with z:
+        if "meta" not in z.files:
+            raise ModelError(f"{path}: not a sparsepipe model (no metadata)")
+        meta = json.loads(bytes(z["meta"]).decode())
+        if meta.get("format") != FORMAT:
+            raise ModelError(f"{path}: not a sparsepipe model")
+        if meta.get("format_version", 0) > FORMAT_VERSION:
+            raise ModelError(f"{path}: model format {meta['format_version']} is newer than this sparsepipe")
+        n_paths = meta.get("n_paths_saved", 0)
+        shared = {k.split("/", 2)[2]: z[k] for k in z.files if k.startswith("state/shared/")}
+        states = None
+        if n_paths:
+            states = []
+            for m in range(n_paths):
+                pre = f"state/path{m}/"
+                s = {k[len(pre):]: z[k] for k in z.files if k.startswith(pre)}
+                s.update({k: v.copy() for k, v in shared.items()})
+                states.append(s)
+        gstate = {k.split("/", 2)[2]: z[k] for k in z.files if k.startswith("state/global/")}
+        n_features = int(meta.pop("n_features"))
+        return Model(n_features, z["coef_indices"], z["coef_values"], float(z["bias"][0]), meta, states,
+                     gstate or None)

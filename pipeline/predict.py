@@ -1,0 +1,63 @@
+"""Batch prediction from LIBSVM text (streamed in bounded chunks) or from a store, written atomically."""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from pipeline.formats import libsvm
+
+CHUNK = 32 << 20
+
+
+def _text_chunks(path: str):
+    with open(path, "rb") as f:
+        carry = b""
+        while True:
+            piece = f.read(CHUNK)
+            if not piece:
+                if carry:
+                    yield carry
+                return
+            buf = carry + piece
+            nl = buf.rfind(b"\n")
+            if nl < 0:
+                carry = buf
+                continue
+            yield buf[: nl + 1]
+            carry = buf[nl + 1:]
+
+
+def _rows_of_text(path: str, zero_based: bool, n_features: int):
+    import scipy.sparse as sp
+
+    line0 = 0
+    for buf in _text_chunks(path):
+        p = libsvm.parse_buffer(buf, zero_based=zero_based)
+        if p.errors:
+            ln, col, code = p.errors[0]
+            raise ValueError(f"{path}:{line0 + ln + 1}:{col}: {libsvm.ERROR_MESSAGES[code]}")
+        line0 += p.n_lines
+        width = max(n_features, p.max_index)
+        yield sp.csr_matrix((p.data, p.indices, p.indptr), shape=(p.n_rows, width))
+
+
+def predict_to_file(model, input_path: str, out_path: str, zero_based: bool = False) -> int:
+    """Write 'label score' per row of ``input_path`` (LIBSVM text or store directory); returns the row count."""
+    if os.path.isdir(input_path):
+        from pipeline.store.reader import open_store
+
+        mats = (b.X for b in open_store(input_path).blocks("all"))
+    else:
+        mats = _rows_of_text(input_path, zero_based, model.n_features)
+    tmp = out_path + ".tmp"
+    n = 0
+    regression = model.meta.get("label_kind") == "regression"
+    with open(tmp, "w", encoding="utf-8") as f:
+        for X in mats:
+            s = model.decision_function(X)
+            lab = s if regression else np.where(s > 0, 1, -1)
+            f.write("".join(f"{a:g} {b:.9g}\n" if regression else f"{a:+d} {b:.9g}\n" for a, b in zip(lab, s)))
+            n += s.shape[0]
+    os.replace(tmp, out_path)
+    return n
