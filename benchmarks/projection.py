@@ -72,10 +72,10 @@ def bench_dense(ns, rng):
 
 
 @numba.njit(nogil=True)
-def _drive(key, sgn, left, right, prio, size, ksum, fsc, isc, IDX, VALS, z):
+def _drive(fnode, inode, sgn, fsc, isc, IDX, VALS, z):
     nproj = 0
     for s in range(IDX.shape[0]):
-        nproj += P.l1tree_add_project(key, sgn, left, right, prio, size, ksum, fsc, isc, IDX[s], VALS[s], z)
+        nproj += P.l1tree_add_project(fnode, inode, sgn, fsc, isc, IDX[s], VALS[s], z)
     return nproj
 
 
@@ -100,7 +100,7 @@ def tree_step_time(p, k, rng, budget_steps):
         "steps": steps - 10,
         "step_s": dt,
         "projected_frac": nproj / (steps - 10),
-        "tree_nodes": int(st.size[root]) if root >= 0 else 0,
+        "tree_nodes": int(st.inode[root, P.I_SIZE]) if root >= 0 else 0,
         "nnz": int(st.isc[P.ISC_NNZ]),
         "ns_per_k_log2p": dt / (k * math.log2(p)) * 1e9,
     }

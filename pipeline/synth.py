@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import queue
 import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
@@ -44,6 +45,7 @@ SUPPORT_POOL = 4           # w* support drawn among the SUPPORT_POOL * support m
 PILOT_ROWS = 2048          # rows used to solve the bias
 MAX_DRAWS = 20             # a row stops after MAX_DRAWS * length draws even if short of distinct ranks
 HEAD_RANKS = 1 << 16       # most frequent ranks sampled exactly by an alias table
+TAIL_KNOTS = 4096          # equal-mass buckets of the rarer ranks (power law, linear within a bucket)
 CHUNK_BYTES = 48 << 20     # target text bytes per chunk (sets rows per chunk; part of the output's identity)
 _GEN_VERSION = 1
 
@@ -344,7 +346,7 @@ def _radix_sort(a, tmp, n, shift, bits):
 
 @numba.njit(cache=True, nogil=True)
 def generate_chunk(state, n_rows, features, log_mu, sigma, alias_prob, alias_idx, head_mass,
-                   zipf_c, zipf_inv, map_a, map_b, slot_by_rank, w_slot, bias, noise_scale,
+                   tail_x, map_a, map_b, slot_by_rank, w_slot, bias, noise_scale,
                    value_floor, max_draws):
     """Make ``n_rows`` rows; return (indptr int64, indices int32 0-based, values, labels int8, margins).
 
@@ -352,7 +354,8 @@ def generate_chunk(state, n_rows, features, log_mu, sigma, alias_prob, alias_idx
     contents, so the output is a function of the arguments only (on any thread) and the first k rows
     do not depend on ``n_rows``.
     A rank is drawn from one uniform x: x < head_mass picks one of the H = len(alias_prob) head ranks
-    by the alias table; otherwise r = floor((1 - x * zipf_c) ** zipf_inv) - 1 (power-law inverse CDF).
+    by the alias table; otherwise r = floor(X(x)) - 1 with X the power-law inverse CDF, linear between
+    the equal-mass knots ``tail_x`` (piecewise-uniform density within each tail bucket).
     Distinct ranks are collected with a per-row hash set until the row's length is reached or
     ``max_draws`` * length draws are spent, then mapped to ids (map_a * r + map_b) mod features.
     ``margins`` are w*.x (no bias, no noise).
@@ -372,8 +375,7 @@ def generate_chunk(state, n_rows, features, log_mu, sigma, alias_prob, alias_idx
     tbits = 4
     while (1 << tbits) < 2 * max_len:
         tbits += 1
-    table = np.empty(1 << tbits, np.int64)
-    stamp = np.zeros(1 << tbits, np.int32)
+    table = np.zeros(1 << tbits, np.int64)  # entries (row + 1) << 32 | rank; other rows' = empty
     uniq = np.empty(max_len, np.int64)
     keys = np.empty(max_len, np.int64)
     tmp = np.empty(max_len, np.int64)
@@ -388,6 +390,8 @@ def generate_chunk(state, n_rows, features, log_mu, sigma, alias_prob, alias_idx
     n_head = alias_prob.shape[0]
     n_pool = slot_by_rank.shape[0]
     head_scale = n_head / head_mass
+    n_tail = tail_x.shape[0] - 1
+    tail_scale = n_tail / (1.0 - head_mass) if head_mass < 1.0 else 0.0
     pos = 0
     for i in range(n_rows):
         L = lengths[i]
@@ -395,7 +399,7 @@ def generate_chunk(state, n_rows, features, log_mu, sigma, alias_prob, alias_idx
         while (1 << bits) < 2 * L:
             bits += 1
         mask = (1 << bits) - 1
-        cur = np.int32(i + 1)
+        cur = np.int64(i + 1) << 32
         u = 0
         budget = max_draws * L + 64
         while u < L and budget > 0:
@@ -409,14 +413,18 @@ def generate_chunk(state, n_rows, features, log_mu, sigma, alias_prob, alias_idx
                 if y - r >= alias_prob[r]:
                     r = alias_idx[r]
             else:
-                r = np.int64((1.0 - x * zipf_c) ** zipf_inv) - 1
+                y = (x - head_mass) * tail_scale
+                j = min(np.int64(y), n_tail - 1)
+                r = np.int64(tail_x[j] + (y - j) * (tail_x[j + 1] - tail_x[j])) - 1
                 r = min(max(r, n_head), features - 1)
+            want = cur | r
             h = ((r * 2654435761) >> 7) & mask
-            while stamp[h] == cur and table[h] != r:
+            t = table[h]
+            while t != want and (t >> 32) == (cur >> 32):
                 h = (h + 1) & mask
-            if stamp[h] != cur:
-                stamp[h] = cur
-                table[h] = r
+                t = table[h]
+            if t != want:
+                table[h] = want
                 uniq[u] = r
                 u += 1
         for k in range(u):
@@ -485,12 +493,14 @@ class _Model:
         self.map_a, self.map_b = a, int(rng.integers(0, features))
         # power law on [1, features + 1): head ranks by alias table, tail by inverse CDF
         t = 1.0 - ZIPF_EXPONENT
-        self.zipf_inv = 1.0 / t
-        self.zipf_c = 1.0 - (features + 1.0) ** t
+        zipf_c = 1.0 - (features + 1.0) ** t
         n_head = min(features, HEAD_RANKS)
         edges = np.arange(1, n_head + 2, dtype=np.float64) ** t
         self.alias_prob, self.alias_idx = _alias_table(edges[:-1] - edges[1:])
-        self.head_mass = 1.0 if n_head == features else (1.0 - (n_head + 1.0) ** t) / self.zipf_c
+        self.head_mass = 1.0 if n_head == features else (1.0 - (n_head + 1.0) ** t) / zipf_c
+        u = self.head_mass + (1.0 - self.head_mass) * np.arange(TAIL_KNOTS + 1) / TAIL_KNOTS
+        self.tail_x = (1.0 - u * zipf_c) ** (1.0 / t)
+        self.tail_x[0], self.tail_x[-1] = n_head + 1.0, features + 1.0
         # w*: support ranks among the most frequent
         self.support = max(1, min(MAX_SUPPORT, features // 100))
         pool = min(features, SUPPORT_POOL * self.support)
@@ -519,15 +529,22 @@ class _Model:
 
     def rows(self, state, n_rows, bias, noise_scale):
         return generate_chunk(state, n_rows, self.features, self.log_mu, ROW_SIGMA,
-                              self.alias_prob, self.alias_idx, self.head_mass, self.zipf_c,
-                              self.zipf_inv, self.map_a, self.map_b, self.slot_by_rank,
+                              self.alias_prob, self.alias_idx, self.head_mass, self.tail_x,
+                              self.map_a, self.map_b, self.slot_by_rank,
                               self.w_slot, bias, noise_scale, VALUE_FLOOR, MAX_DRAWS)
 
 
-def _make_chunk(model, seed, k, n_rows):
+def _make_chunk(model, seed, k, n_rows, pool):
+    """Generate and format chunk k; the text buffer comes from (and goes back to) ``pool``."""
     indptr, indices, values, labels, _ = model.rows(_state(seed, k), n_rows, model.bias,
                                                     model.noise_scale)
-    buf = np.empty(format_bound(n_rows, indices.shape[0], model.features), np.uint8)
+    need = format_bound(n_rows, indices.shape[0], model.features)
+    try:
+        buf = pool.get_nowait()
+    except queue.Empty:
+        buf = None
+    if buf is None or buf.shape[0] < need:
+        buf = np.empty(int(need * 1.25), np.uint8)
     n = _format_rows(labels, indptr, indices, values, np.int64(1), buf, _P10)
     return buf, n, indices.shape[0], int(np.count_nonzero(labels > 0))
 
@@ -566,6 +583,7 @@ def synth(out_path, rows, features=WEBSPAM_FEATURES, nnz_per_row=3700, seed=0, p
     chunk = _chunk_rows(features, nnz_per_row)
     sizes = [min(chunk, rows - s) for s in range(0, rows, chunk)]
     stats = {"bytes": 0, "rows": 0, "nnz": 0, "pos": 0}
+    pool = queue.SimpleQueue()  # reused text buffers (fresh ones cost page faults)
 
     def emit(f, result, n_rows):
         buf, n, nnz, npos = result
@@ -574,6 +592,7 @@ def synth(out_path, rows, features=WEBSPAM_FEATURES, nnz_per_row=3700, seed=0, p
         stats["rows"] += n_rows
         stats["nnz"] += nnz
         stats["pos"] += npos
+        pool.put(buf)
         if progress is not None:
             progress(stats["bytes"], stats["rows"])
 
@@ -584,7 +603,7 @@ def synth(out_path, rows, features=WEBSPAM_FEATURES, nnz_per_row=3700, seed=0, p
             nxt = 0
             while nxt < len(sizes) or pending:
                 while nxt < len(sizes) and len(pending) < workers + 1:
-                    pending.append((ex.submit(_make_chunk, model, seed, nxt, sizes[nxt]), sizes[nxt]))
+                    pending.append((ex.submit(_make_chunk, model, seed, nxt, sizes[nxt], pool), sizes[nxt]))
                     nxt += 1
                 fut, n_rows = pending.popleft()
                 emit(f, fut.result(), n_rows)
@@ -603,6 +622,7 @@ def synth(out_path, rows, features=WEBSPAM_FEATURES, nnz_per_row=3700, seed=0, p
             "noise": "logistic", "noise_scale": model.noise_scale,
             "target_positive_fraction": POSITIVE_FRACTION, "pilot_rows": PILOT_ROWS,
             "chunk_rows": chunk, "max_draws": MAX_DRAWS, "head_ranks": HEAD_RANKS,
+            "tail_knots": TAIL_KNOTS,
             "rank_to_id": [model.map_a, model.map_b], "nnz": stats["nnz"],
             "bytes": stats["bytes"], "positive_fraction": pos_frac,
             "label_rule": "y = +1 iff w.x + bias + eps > 0, eps ~ Logistic(0, noise_scale)",

@@ -183,6 +183,9 @@ def test_simplex(v, z, seed):
 
 def check_tree(s):
     """Treap invariants: BST on (key, id), heap on prio, exact size/ksum, reachability, nnz, dead ⇒ key ≤ Θ."""
+    key, ksum = s.fnode[:, P.F_KEY], s.fnode[:, P.F_KSUM]
+    left, right = s.inode[:, P.I_LEFT], s.inode[:, P.I_RIGHT]
+    size, prio = s.inode[:, P.I_SIZE], s.inode[:, P.I_PRIO]
     root = int(s.isc[P.ISC_ROOT])
     theta = s.fsc[P.FSC_THETA]
     seen = []
@@ -191,38 +194,36 @@ def check_tree(s):
         while stack:
             n = stack.pop()
             seen.append(n)
-            for ch in (s.left[n], s.right[n]):
+            for ch in (left[n], right[n]):
                 if ch >= 0:
-                    assert s.prio[ch] <= s.prio[n]
+                    assert prio[ch] <= prio[n]
                     stack.append(int(ch))
-        # in-order sorted by (key, id), aggregates exact
         order = []
 
-        def rec(n):
+        def rec(n):  # in-order sorted by (key, id), aggregates exact (same summation order as _pull)
             if n < 0:
                 return 0, 0.0
-            lc, lk = rec(int(s.left[n]))
-            order.append((s.key[n], n))
-            rc, rk = rec(int(s.right[n]))
-            cnt = 1 + lc + rc
-            ks = s.key[n]
-            if s.left[n] >= 0:
+            lc, lk = rec(int(left[n]))
+            order.append((key[n], n))
+            rc, rk = rec(int(right[n]))
+            ks = key[n]
+            if left[n] >= 0:
                 ks += lk
-            if s.right[n] >= 0:
+            if right[n] >= 0:
                 ks += rk
-            assert s.size[n] == cnt
-            assert s.ksum[n] == ks
-            return cnt, ks
+            assert size[n] == 1 + lc + rc
+            assert ksum[n] == ks
+            return 1 + lc + rc, ks
 
         rec(root)
         assert order == sorted(order)
     assert len(seen) == len(set(seen))
-    in_tree = np.flatnonzero(s.size > 0)
+    in_tree = np.flatnonzero(size > 0)
     assert sorted(seen) == list(in_tree)
     w = P.l1tree_dense(*s)
-    assert np.all(w[s.size == 0] == 0)
+    assert np.all(w[size == 0] == 0)
     assert int(s.isc[P.ISC_NNZ]) == int(np.count_nonzero(w))
-    live = s.key[in_tree] > theta
+    live = key[in_tree] > theta
     assert np.all(s.sgn[in_tree[live]] != 0)
 
 
@@ -322,7 +323,7 @@ def test_tree_cost_flat_in_p():
         touched.update(idx.tolist())
         P.l1tree_add_project(*s, idx, vals, z)
     root = s.isc[P.ISC_ROOT]
-    assert s.size[root] <= len(touched)
+    assert s.inode[root, P.I_SIZE] <= len(touched)
     assert np.abs(P.l1tree_dense(*s)).sum() == pytest.approx(z, rel=1e-12)
 
 

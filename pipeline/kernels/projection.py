@@ -7,39 +7,40 @@ Dense projections
 
 Numba kernels behind them (arrays and scalars only, no allocation on the hot path) are public too, so that
 learner kernels can call them: ``l1_project_sort_kernel``, ``l1_project_pivot_kernel``,
-``simplex_theta_sort``, ``simplex_theta_pivot``, ``l1l2_project_kernel``.
+``simplex_theta_sort``, ``simplex_theta_sorted``, ``simplex_theta_pivot``, ``l1l2_project_kernel``.
+Both θ routines finish with one Newton step on Σ(u_j − θ)_+ = z ([R] numerical polish, ``_refine_theta``).
 
 Sparse online L1 projection (§4 "Sparse online version" + "Without a red-black tree" [R])
     A treap keyed by ``(r_j, j)``; node id = coordinate id; ``w_j = σ_j·max(r_j − Θ, 0)``; dead nodes
     (``r_j ≤ Θ``) stay in the tree until their coordinate is touched again (or until a rebase).
     ``w ← P_{L1,z}(w + g)`` for a g with k non-zeros costs expected O(k log p).
 
-    State (``L1TreeState``, a namedtuple of arrays; all mutated in place; save with
+    State (``L1TreeState``, a namedtuple of five arrays, all mutated in place; node/coordinate j is row j,
+    packed per node so one tree step touches ~2 cache lines per visited node; save with
     ``np.savez(f, **st._asdict())`` and resume with ``L1TreeState(**np.load(f))``):
 
-    ======  ==========  =====================================================================
-    key     float64[p]  raw magnitude r_j = |w_j| + Θ at the time j was (re)inserted
-    sgn     int8[p]     σ_j ∈ {−1, 0, +1}; 0 ⇒ w_j = 0 (never touched or set to exactly 0)
-    left    int64[p]    left child id, −1 = nil
-    right   int64[p]    right child id, −1 = nil
-    prio    uint64[p]   treap priority (splitmix64 of seed and j; fixed at init)
-    size    int64[p]    subtree node count; ``size[j] == 0`` ⇔ node j is not in the tree
-    ksum    float64[p]  subtree sum of keys (recomputed from the children, never ± updated)
-    fsc     float64[4]  [FSC_THETA] Θ, [FSC_L1] tracked ‖w‖₁, [FSC_REBASE] rebase factor, [3] spare
-    isc     int64[4]    [ISC_ROOT] root id (−1 = empty), [ISC_NNZ] nnz(w), [ISC_NPROJ] #projections,
-                        [ISC_NREBASE] #rebases
-    ======  ==========  =====================================================================
+    ======  ============  ===================================================================
+    fnode   float64[p,2]  [:, F_KEY] raw key r_j = |w_j| + Θ at (re)insertion of j;
+                          [:, F_KSUM] subtree sum of keys (recomputed from children, never ± updated)
+    inode   int64[p,4]    [:, I_LEFT], [:, I_RIGHT] child ids (−1 = nil); [:, I_SIZE] subtree count,
+                          0 ⇔ j not in the tree; [:, I_PRIO] treap priority (splitmix64(seed, j) ≥ 0)
+    sgn     int8[p]       σ_j ∈ {−1, 0, +1}; 0 ⇒ w_j = 0
+    fsc     float64[4]    [FSC_THETA] Θ, [FSC_L1] tracked ‖w‖₁, [FSC_REBASE] rebase factor, [3] spare
+    isc     int64[4]      [ISC_ROOT] root id (−1 = empty), [ISC_NNZ] nnz(w), [ISC_NPROJ] #projections,
+                          [ISC_NREBASE] #rebases
+    ======  ============  ===================================================================
 
-    All ``l1tree_*`` numba functions take the nine state arrays first, so from Python write
-    ``l1tree_add_project(*st, idx, vals, z)``. Inside a learner kernel that received the nine arrays,
-    read the current weights of one example's features with ``l1tree_get(*arrays, j)`` per feature, or
-    ``l1tree_dot(*arrays, indices, data)`` for the score w·x; the cheapest form is the inline
-    ``l1tree_value(key, sgn, fsc, j)`` (= ``sgn[j] * max(key[j] − fsc[0], 0)``). A projected SGD step
-    ``w ← P(w − η ℓ' x)`` is ``l1tree_axpy_project(*arrays, indices, data, -eta * dl, z)`` (no
-    temporary array for g).
+    All ``l1tree_*`` numba functions take the five state arrays first, so from Python write
+    ``l1tree_add_project(*st, idx, vals, z)``. Inside a learner kernel that received
+    ``(fnode, inode, sgn, fsc, isc)``, read the current weight of feature j with the inline
+    ``l1tree_value(fnode, sgn, fsc, j)`` (= ``sgn[j]·max(fnode[j, 0] − fsc[0], 0)``, O(1)), or the score of
+    one example with ``l1tree_dot(fnode, inode, sgn, fsc, isc, indices, data)``; ``l1tree_get(*st, j)`` is
+    the same as ``l1tree_value``. A projected SGD step ``w ← P(w − η ℓ' x)`` is
+    ``l1tree_axpy_project(fnode, inode, sgn, fsc, isc, indices, data, -eta * dl, z)`` (no temporary for g).
 
     Θ only grows; to keep ``r_j − Θ`` accurate the tree is rebased (keys shifted by −Θ, dead nodes
     dropped, O(#nodes)) whenever Θ > rebase_factor · z (default 64). This changes no weight.
+    Path stacks have a fixed capacity of 4096 (expected treap depth ≈ 2 ln n); exceeding it raises.
 """
 from collections import namedtuple
 
@@ -77,6 +78,12 @@ __all__ = [
     "ISC_NNZ",
     "ISC_NPROJ",
     "ISC_NREBASE",
+    "F_KEY",
+    "F_KSUM",
+    "I_LEFT",
+    "I_RIGHT",
+    "I_SIZE",
+    "I_PRIO",
     "L1L2_INSIDE",
     "L1L2_L1_ONLY",
     "L1L2_BALL_ONLY",
@@ -609,23 +616,24 @@ def _pull(n, fnode, inode):
     fnode[n, F_KSUM] = ks
 
 
-@numba.njit(**_JIT)
+_STACK = 4096  # path-stack capacity; a treap is deeper than this with probability ~0 (expected 2 ln n)
+
+
+@numba.njit(inline="always", **_JIT)
 def _push(stk, sp, x):
     if sp == stk.shape[0]:
-        bigger = np.empty(2 * sp + 16, np.int64)
-        bigger[:sp] = stk[:sp]
-        stk = bigger
+        raise RuntimeError("l1tree: tree depth exceeds the path stack (re-init with another seed)")
     stk[sp] = x
-    return stk, sp + 1
+    return sp + 1
 
 
 @numba.njit(**_JIT)
 def _merge(a, b, fnode, inode, stk, sp0):
     """Merge treaps a < b (all keys); path nodes are pushed above sp0 and re-pulled bottom-up."""
     if a < 0:
-        return b, stk
+        return b
     if b < 0:
-        return a, stk
+        return a
     sp = sp0
     root = -1
     par = -1
@@ -645,7 +653,7 @@ def _merge(a, b, fnode, inode, stk, sp0):
             inode[par, I_RIGHT] = cur
         else:
             inode[par, I_LEFT] = cur
-        stk, sp = _push(stk, sp, cur)
+        sp = _push(stk, sp, cur)
         par = cur
         par_right = nxt_right
     rest = a if a >= 0 else b
@@ -655,7 +663,7 @@ def _merge(a, b, fnode, inode, stk, sp0):
         inode[par, I_LEFT] = rest
     for i in range(sp - 1, sp0 - 1, -1):
         _pull(stk[i], fnode, inode)
-    return root, stk
+    return root
 
 
 @numba.njit(**_JIT)
@@ -668,7 +676,7 @@ def _split(t, j, fnode, inode, stk, sp0):
     sp = sp0
     n = t
     while n >= 0:
-        stk, sp = _push(stk, sp, n)
+        sp = _push(stk, sp, n)
         if _less(fnode, n, j):
             if lpar < 0:
                 lroot = n
@@ -689,19 +697,19 @@ def _split(t, j, fnode, inode, stk, sp0):
         inode[rpar, I_LEFT] = -1
     for i in range(sp - 1, sp0 - 1, -1):
         _pull(stk[i], fnode, inode)
-    return lroot, rroot, stk
+    return lroot, rroot
 
 
 @numba.njit(**_JIT)
 def _insert(j, root, fnode, inode, stk):
-    """Insert node j (its key already set); returns (root, stk). Expected O(log n)."""
+    """Insert node j (its key already set); returns the new root. Expected O(log n)."""
     sp = 0
     par = -1
     par_right = False
     n = root
     pj = inode[j, I_PRIO]
     while n >= 0 and inode[n, I_PRIO] > pj:
-        stk, sp = _push(stk, sp, n)
+        sp = _push(stk, sp, n)
         par = n
         if _less(fnode, n, j):
             par_right = True
@@ -709,7 +717,7 @@ def _insert(j, root, fnode, inode, stk):
         else:
             par_right = False
             n = inode[n, I_LEFT]
-    l, r, stk = _split(n, j, fnode, inode, stk, sp)
+    l, r = _split(n, j, fnode, inode, stk, sp)
     inode[j, I_LEFT] = l
     inode[j, I_RIGHT] = r
     _pull(j, fnode, inode)
@@ -721,12 +729,12 @@ def _insert(j, root, fnode, inode, stk):
         inode[par, I_LEFT] = j
     for i in range(sp - 1, -1, -1):
         _pull(stk[i], fnode, inode)
-    return root, stk
+    return root
 
 
 @numba.njit(**_JIT)
 def _delete(j, root, fnode, inode, stk):
-    """Remove node j (must be in the tree, with its insertion key); returns (root, stk)."""
+    """Remove node j (must be in the tree, with its insertion key); returns the new root."""
     sp = 0
     par = -1
     par_right = False
@@ -734,7 +742,7 @@ def _delete(j, root, fnode, inode, stk):
     while n != j:
         if n < 0:
             raise RuntimeError("l1tree: node not found (corrupted state)")
-        stk, sp = _push(stk, sp, n)
+        sp = _push(stk, sp, n)
         par = n
         if _less(fnode, j, n):
             par_right = False
@@ -742,7 +750,7 @@ def _delete(j, root, fnode, inode, stk):
         else:
             par_right = True
             n = inode[n, I_RIGHT]
-    m, stk = _merge(inode[j, I_LEFT], inode[j, I_RIGHT], fnode, inode, stk, sp)
+    m = _merge(inode[j, I_LEFT], inode[j, I_RIGHT], fnode, inode, stk, sp)
     if par < 0:
         root = m
     elif par_right:
@@ -755,7 +763,7 @@ def _delete(j, root, fnode, inode, stk):
     inode[j, I_RIGHT] = -1
     inode[j, I_SIZE] = 0
     fnode[j, F_KSUM] = 0.0
-    return root, stk
+    return root
 
 
 @numba.njit(**_JIT)
@@ -837,12 +845,12 @@ def l1tree_rebase(fnode, inode, sgn, fsc, isc):
     ntree = inode[root, I_SIZE] if root >= 0 else 0
     order = np.empty(ntree, np.int64)
     m = 0
-    stk = np.empty(64, np.int64)
+    stk = np.empty(_STACK, np.int64)
     sp = 0
     n = root
     while sp > 0 or n >= 0:
         while n >= 0:
-            stk, sp = _push(stk, sp, n)
+            sp = _push(stk, sp, n)
             n = inode[n, I_LEFT]
         sp -= 1
         n = stk[sp]
@@ -901,7 +909,7 @@ def l1tree_axpy_project(fnode, inode, sgn, fsc, isc, idx, data, alpha, z):
     l1 = fsc[FSC_L1]
     root = isc[ISC_ROOT]
     nnz = isc[ISC_NNZ]
-    stk = np.empty(64, np.int64)
+    stk = np.empty(_STACK, np.int64)
     for t in range(k):
         g = alpha * data[t]
         if g == 0.0:
@@ -912,7 +920,7 @@ def l1tree_axpy_project(fnode, inode, sgn, fsc, isc, idx, data, alpha, z):
             mag = fnode[j, F_KEY] - theta
             if mag > 0.0:
                 old = mag if sgn[j] > 0 else -mag
-            root, stk = _delete(j, root, fnode, inode, stk)
+            root = _delete(j, root, fnode, inode, stk)
         new = old + g
         l1 += abs(new) - abs(old)
         if old != 0.0:
@@ -920,7 +928,7 @@ def l1tree_axpy_project(fnode, inode, sgn, fsc, isc, idx, data, alpha, z):
         if new != 0.0:
             fnode[j, F_KEY] = abs(new) + theta
             sgn[j] = 1 if new > 0.0 else -1
-            root, stk = _insert(j, root, fnode, inode, stk)
+            root = _insert(j, root, fnode, inode, stk)
             nnz += 1
         else:
             fnode[j, F_KEY] = 0.0
