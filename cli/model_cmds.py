@@ -4,13 +4,16 @@ from __future__ import annotations
 import os
 import tomllib
 from pathlib import Path
-from typing import Optional
+from typing import List, Optional
 
 import typer
 
 from cli.app import Progress, app, emit_json, fail, user_errors
 
-RUN_KEYS = {"algo", "passes", "paths", "seed", "workers", "scheduler", "placement", "stage_blocks"}
+RUN_KEYS = {"algo", "passes", "paths", "seed", "workers", "scheduler", "placement", "stage_blocks", "max_density",
+            "record_path", "evaluate_every"}
+# ablation switches: CLI flag -> (hyper-parameter, value); only for algorithms that have that parameter
+SWITCHES = {"no_informative": ("informative", False), "no_stability": ("stability", False)}
 
 
 def load_config(path: Path | None, allowed: set) -> dict:
@@ -68,6 +71,20 @@ def train(
     init_model: Optional[Path] = typer.Option(None, help="Resume (same algo/params/paths/seed) or warm-start "
                                                          "from this model."),
     config: Optional[Path] = typer.Option(None, help="TOML file supplying any of these options."),
+    max_density: Optional[float] = typer.Option(None, min=0.0, max=1.0, help="Stop before the model's density "
+                                                                             "(non-zeros / features) would exceed this."),
+    record_path: Optional[Path] = typer.Option(None, help="Write (stage, pass, density, holdout metrics) after "
+                                                          "every pass/stage to this JSON-lines file."),
+    evaluate_every: Optional[int] = typer.Option(None, min=1, help="Evaluate on the holdout every N stages."),
+    stage_blocks: Optional[int] = typer.Option(None, min=0, help="Multi-path algorithms: blocks per path per "
+                                                                 "stage (0 = the algorithm's own stage length)."),
+    no_informative: bool = typer.Option(False, "--no-informative", help="STSGD ablation: uniform TG "
+                                                                        "truncation inside bursts."),
+    no_stability: bool = typer.Option(False, "--no-stability", help="STSGD ablation: no purging."),
+    fixed_gravity: Optional[float] = typer.Option(None, min=0.0, help="STSGD ablation: constant base gravity "
+                                                                      "g0 (no adaptive gravity, no annealing)."),
+    settings: Optional[List[str]] = typer.Option(None, "--set", help="Any hyper-parameter of the algorithm as "
+                                                                      "KEY=VALUE (repeatable), e.g. --set pi0=0.8."),
     as_json: bool = typer.Option(False, "--json", help="Print a JSON summary."),
 ):
     """Train a sparse linear model over the store's training blocks; report holdout metrics per pass."""
@@ -77,13 +94,30 @@ def train(
 
     cli = {k: v for k, v in dict(algo=algo, loss=loss, passes=passes, eta=eta, schedule=schedule, power_t=power_t,
                                  decay=decay, l2=l2, gravity=gravity, K=K, theta=theta, paths=paths,
-                                 workers=workers, scheduler=scheduler, seed=seed, placement=placement).items()
+                                 workers=workers, scheduler=scheduler, seed=seed, placement=placement,
+                                 max_density=max_density, record_path=record_path, evaluate_every=evaluate_every,
+                                 stage_blocks=stage_blocks, fixed_gravity=fixed_gravity).items()
            if v is not None}
     name = cli.get("algo")
     if name is None and config is not None:
         name = load_config(config, RUN_KEYS | _all_hyper()).get("algo")
     name = name or "tg"
-    opts = {**load_config(config, RUN_KEYS | _hyper_names(name)), **cli}
+    hyper = _hyper_names(name)
+    for flag, on in (("no_informative", no_informative), ("no_stability", no_stability)):
+        if on:
+            key, val = SWITCHES[flag]
+            if key not in hyper:
+                fail(f"--{flag.replace('_', '-')} applies to algorithms with '{key}' (e.g. stsgd), not {name}", 2)
+            cli[key] = val
+    if "fixed_gravity" in cli and "fixed_gravity" not in hyper:
+        fail(f"--fixed-gravity applies to stsgd, not {name}", 2)
+    opts = {**load_config(config, RUN_KEYS | hyper), **cli}
+    try:
+        from pipeline.algorithms import parse_setting
+
+        opts.update(dict(parse_setting(name, s) for s in settings or []))
+    except ValueError as e:
+        fail(str(e), 2)
     run = {k: opts.pop(k) for k in list(opts) if k in RUN_KEYS}
     n_workers = run.get("workers") or default_workers()
     try:
@@ -110,9 +144,12 @@ def train(
         with dask_client(n_workers, run.get("scheduler")) as client:
             model = fit(str(store), name, opts, passes=run.get("passes", 5), paths=n_paths, seed=run.get("seed", 0),
                         client=client, init_model=init, placement=run.get("placement", "paths"),
-                        stage_blocks=run.get("stage_blocks", 0), progress=progress)
+                        stage_blocks=run.get("stage_blocks", 0), max_density=run.get("max_density"),
+                        evaluate_every=run.get("evaluate_every", 1), progress=progress)
         bar.close()
         model.save(out)
+        if run.get("record_path"):
+            _write_record(Path(run["record_path"]), model.meta["history"])
     except user_errors() as e:
         fail(str(e))
     tim = model.meta["provenance"]["timing"]
@@ -120,7 +157,7 @@ def train(
                "seconds": model.meta["provenance"]["seconds"], "nnz": model.nnz, "density": model.density,
                "n_features": model.n_features, "holdout": model.meta.get("holdout"),
                "nnz_per_s_kernel": tim["nnz_per_s_kernel"], "copy_over_kernel": tim["copy_over_kernel"],
-               "resumed": model.meta["provenance"]["resumed"]}
+               "resumed": model.meta["provenance"]["resumed"], "stopped": model.meta.get("stopped")}
     if as_json:
         emit_json(summary)
     else:
@@ -129,6 +166,20 @@ def train(
                    f"{model.nnz:,} non-zero weights (density {model.density:.4f})" +
                    (f"; holdout error {h['error']:.4f}, AUC {h['auc']:.4f}" if "error" in h else "") +
                    (f"; holdout RMSE {h['rmse']:.4f}" if "rmse" in h else ""))
+
+
+def _write_record(path: Path, history: list) -> None:
+    import json
+
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        for h in history:
+            if "stopped" in h:
+                continue
+            ho = h.get("holdout") or {}
+            f.write(json.dumps({"stage": h["stage"], "pass": h["pass"], "density": h.get("density"),
+                                "nnz": h.get("nnz"), **{f"holdout_{k}": v for k, v in ho.items()}}) + "\n")
+    os.replace(tmp, path)
 
 
 def _all_hyper() -> set:

@@ -79,6 +79,7 @@ class RunSpec:
     n_paths: int
     end_pass: int  # exclusive: paths stop at this pass index
     stage_blocks: int = 0  # full mode: blocks per path per stage (0 = until the algorithm ends the stage)
+    max_density: float | None = None  # stop before the aggregated model's density would exceed this
 
 
 def advance_task(algo: Algorithm, state: dict, data: DataRef, spec: RunSpec, path: int) -> dict:
@@ -218,7 +219,11 @@ def _evaluate(ex, data_holdout, decision, algo):
 
 def run_stages(ex, algo: Algorithm, states: list, gstate: dict, data: DataRef, spec: RunSpec,
                holdout, progress=None, evaluate_every: int = 1, max_stages: int | None = None):
-    """The stage loop shared by both placements. Returns (states, gstate, decision, history)."""
+    """The stage loop shared by both placements. Returns (states, gstate, decision, history).
+
+    With ``spec.max_density`` the loop stops before a stage whose aggregated model would exceed that
+    density: that stage is discarded and the previous model (and path states) is returned.
+    """
     M = spec.n_paths
     history = []
     decision = None
@@ -229,6 +234,7 @@ def run_stages(ex, algo: Algorithm, states: list, gstate: dict, data: DataRef, s
         if min(passes) >= spec.end_pass or (max_stages is not None and stage >= max_stages):
             break
         t0 = time.time()
+        before = (states, gstate, decision)
         states = [ex.submit(advance_task, algo, states[m], data, spec, m) for m in range(M)]
         summaries = [ex.submit(summarize_task, algo, s) for s in states]
         total = tree(ex, summaries, _combine, algo)
@@ -236,6 +242,13 @@ def run_stages(ex, algo: Algorithm, states: list, gstate: dict, data: DataRef, s
         decision = ex.first(out, 0)
         gstate = ex.result(ex.first(out, 1))
         diag = ex.result(ex.first(out, 2))
+        if spec.max_density is not None and diag.get("density", 0.0) > spec.max_density:
+            history.append({"stage": stage + 1, "stopped": "max_density", **diag})
+            if before[2] is None:
+                raise ValueError(f"the model exceeds --max-density {spec.max_density} after its first stage "
+                                 f"(density {diag['density']:.4g}); increase the bound or the sparsity")
+            states, gstate, decision = before
+            break
         states = [ex.submit(apply_task, algo, s, decision) for s in states]
         passes = [int(ex.result(ex.submit(_cursor_pass, s))) for s in states]
         stage += 1
@@ -266,7 +279,7 @@ def _run_single(algo, states, gstate, data, spec, holdout, evaluate_every):
 def train(store_path: str, algo: Algorithm, *, passes: int, paths: int, seed: int = 0, client=None,
           init_states: list | None = None, init_gstate: dict | None = None, warm: tuple | None = None,
           placement: str = "paths", stage_blocks: int = 0, evaluate: bool = True, evaluate_every: int = 1,
-          progress=None) -> TrainResult:
+          max_density: float | None = None, progress=None) -> TrainResult:
     """Train ``algo`` on the training blocks of the store for ``passes`` more passes over ``paths`` paths.
 
     ``init_states``/``init_gstate`` resume exactly (same paths); ``warm = (w, bias)`` warm-starts every path
@@ -304,7 +317,8 @@ def train(store_path: str, algo: Algorithm, *, passes: int, paths: int, seed: in
             states.append(s)
         gstate = algo.init_global(p)
     start_pass = min(int(s[CURSOR][0]) for s in states)
-    spec = RunSpec(seed=seed, n_paths=paths, end_pass=start_pass + passes, stage_blocks=stage_blocks)
+    spec = RunSpec(seed=seed, n_paths=paths, end_pass=start_pass + passes, stage_blocks=stage_blocks,
+                   max_density=max_density)
     t0 = time.time()
     if client is None:
         states, gstate, decision, history = run_stages(LocalExec(), algo, states, gstate, data, spec, holdout,

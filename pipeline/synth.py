@@ -318,14 +318,14 @@ def _alias_table(p):
 
 
 @numba.njit(cache=True, nogil=True)
-def _radix_sort(a, tmp, n, shift, bits):
+def _radix_sort(a, tmp, count, n, shift, bits):
     """Sort a[:n] in place by bits [shift, bits) of its non-negative int64 keys (LSD, 8-bit digits).
 
-    Keys must be distinct in those bits and below 2^bits."""
+    Keys must be distinct in those bits and below 2^bits; tmp (as long as a) and count (257) are
+    scratch."""
     if n < 256:
         a[:n].sort()
         return
-    count = np.empty(257, np.int64)
     src = a
     dst = tmp
     while shift < bits:
@@ -379,6 +379,7 @@ def generate_chunk(state, n_rows, features, log_mu, sigma, alias_prob, alias_idx
     uniq = np.empty(max_len, np.int64)
     keys = np.empty(max_len, np.int64)
     tmp = np.empty(max_len, np.int64)
+    count = np.empty(257, np.int64)
     key_bits = 16
     while (np.int64(1) << (key_bits - 16)) < features:
         key_bits += 1
@@ -431,7 +432,7 @@ def generate_chunk(state, n_rows, features, log_mu, sigma, alias_prob, alias_idx
             r = uniq[k]
             s = slot_by_rank[r] if r < n_pool else 0
             keys[k] = (((map_a * r + map_b) % features) << 16) | s
-        _radix_sort(keys, tmp, u, 16, key_bits)
+        _radix_sort(keys, tmp, count, u, 16, key_bits)
         norm = 0.0
         for k in range(u):
             v = value_floor - math.log(1.0 - _uniform(st))

@@ -58,6 +58,16 @@ def test_text_format(gen):
         assert np.all(v > 0)
 
 
+@pytest.mark.parametrize("features", [300, 3_000_000])  # dense-ish rows; 3-pass radix sort
+def test_sorted_unique_indices_other_widths(tmp_path, features):
+    out = tmp_path / "w.svm"
+    synth(out, 200, features=features, nnz_per_row=300 if features > 300 else 100, seed=5)
+    _, idx, _ = _parse(out)
+    assert max(len(i) for i in idx) > 256
+    for ind in idx:
+        assert np.all(np.diff(ind) > 0) and ind[0] >= 1 and ind[-1] <= features
+
+
 def test_rows_normalised_and_long_tailed(gen):
     out, _ = gen
     X, _ = load_svmlight_file(str(out), n_features=FEATURES, zero_based=False)
