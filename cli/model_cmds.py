@@ -132,8 +132,10 @@ def train(
 
         def progress(rec):
             h = rec.get("holdout") or {}
+            extra = "".join(f"{k} {v:.4g}  " for k, v in rec.items()
+                            if k not in _PRINTED and isinstance(v, (int, float)))
             line = (f"pass {rec['pass']:>3}  stage {rec['stage']:>4}  nnz {rec.get('nnz', 0):>10,}  "
-                    f"density {rec.get('density', 0):.4f}  " +
+                    f"density {rec.get('density', 0):.4f}  {extra}" +
                     (f"holdout error {h['error']:.4f} logloss {h['logloss']:.4f}  " if 'error' in h else "") +
                     (f"holdout rmse {h['rmse']:.4f}  " if 'rmse' in h else "") + f"{rec['seconds']:.2f}s")
             if bar.bar is not None:
@@ -166,6 +168,9 @@ def train(
                    f"{model.nnz:,} non-zero weights (density {model.density:.4f})" +
                    (f"; holdout error {h['error']:.4f}, AUC {h['auc']:.4f}" if "error" in h else "") +
                    (f"; holdout RMSE {h['rmse']:.4f}" if "rmse" in h else ""))
+
+
+_PRINTED = {"pass", "stage", "nnz", "density", "seconds", "elapsed", "holdout"}
 
 
 def _write_record(path: Path, history: list) -> None:

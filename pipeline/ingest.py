@@ -142,21 +142,22 @@ def plan(sources: list[dict], block_bytes: int, generation: int) -> list[Task]:
 
 # ------------------------------------------------------------------------------------ worker side
 
-def read_owned_lines(f, start: int, end: int, size: int) -> bytes:
-    """Bytes of every line whose first byte lies in [start, end) of an open seekable file."""
+def read_owned_lines(f, start: int, end: int, size: int) -> np.ndarray:
+    """uint8 array of every line whose first byte lies in [start, end) of an open seekable file."""
     if start >= size:
-        return b""
+        return np.zeros(0, np.uint8)
     lo = start - 1 if start > 0 else 0
     f.seek(lo)
-    buf = f.read(end - lo)
+    buf = np.empty(end - lo, dtype=np.uint8)
+    got = f.readinto(memoryview(buf))
+    buf = buf[:got]
+    head = 0
     if start > 0:
-        nl = buf.find(b"\n")
-        if nl < 0:
-            return b""  # a line longer than the range started before it
-        head = nl + 1
-    else:
-        head = 0
-    if end < size and not buf.endswith(b"\n"):
+        nl = np.flatnonzero(buf == 10)[:1] if buf.shape[0] < 4096 else _first_newline(buf)
+        if nl.shape[0] == 0:
+            return np.zeros(0, np.uint8)  # a line longer than the range started before it
+        head = int(nl[0]) + 1
+    if end < size and (buf.shape[0] == 0 or buf[-1] != 10):
         parts = [buf]
         while True:
             piece = f.read(1 << 20)
@@ -164,31 +165,35 @@ def read_owned_lines(f, start: int, end: int, size: int) -> bytes:
                 break
             nl = piece.find(b"\n")
             if nl >= 0:
-                parts.append(piece[: nl + 1])
+                parts.append(np.frombuffer(piece[: nl + 1], np.uint8))
                 break
-            parts.append(piece)
-        buf = b"".join(parts)
+            parts.append(np.frombuffer(piece, np.uint8))
+        buf = np.concatenate(parts)
     return buf[head:]
 
 
-def _block_result(key: str, parsed: libsvm.Parsed, dtype: str, nbytes: int) -> dict:
-    """Write one parsed block (unless it has errors) and return its metadata."""
+def _first_newline(buf: np.ndarray) -> np.ndarray:
+    step = 4096
+    for off in range(0, buf.shape[0], step):
+        hit = np.flatnonzero(buf[off:off + step] == 10)
+        if hit.shape[0]:
+            return hit[:1] + off
+    return np.zeros(0, np.int64)
+
+
+def _block_result(key: str, parsed: libsvm.Parsed, nbytes: int) -> dict:
+    """Metadata of one parsed block plus the arrays to write (indices/data already in store dtypes)."""
     res = {"key": key, "rows": parsed.n_rows, "nnz": parsed.nnz, "n_lines": parsed.n_lines,
-           "max_index": parsed.max_index, "bytes": nbytes,
-           "errors": parsed.errors, "row_line_first": None}
+           "max_index": parsed.max_index, "bytes": nbytes, "errors": parsed.errors}
     labels = parsed.labels
     vals, first, counts = np.unique(labels, return_index=True, return_counts=True)
     res["label_values"] = vals.tolist()
     res["label_counts"] = counts.tolist()
     res["label_first_line"] = parsed.row_line[first].tolist()
-    indices = parsed.indices.astype(np.int32 if parsed.max_index < 2**31 else np.int64)
-    data = parsed.data.astype(dtype)
-    cnt = np.bincount(indices, minlength=0)
-    sidx = np.flatnonzero(cnt).astype(np.int64)
-    sumsq = np.bincount(indices, weights=np.square(data, dtype=np.float64))[sidx] if sidx.size else np.zeros(0)
-    res["checksum"] = fmt.checksum(parsed.indptr, indices, data, labels.astype(np.float32))
-    res["_arrays"] = (parsed.indptr, indices, data, labels.astype(np.float32), sidx, cnt[sidx].astype(np.int64),
-                      sumsq.astype(np.float64))
+    sidx, snnz, ssum = libsvm.column_stats(parsed.indices, parsed.data, parsed.max_index)
+    labels32 = labels.astype(np.float32)
+    res["checksum"] = fmt.checksum(parsed.indptr, parsed.indices, parsed.data, labels32)
+    res["_arrays"] = (parsed.indptr, parsed.indices, parsed.data, labels32, sidx, snnz, ssum)
     return res
 
 
@@ -208,12 +213,12 @@ def parse_task(root: str, task: Task, opts: dict) -> list[dict]:
     o = IngestOptions(**opts)
     skip = o.on_invalid == "skip"
     kw = dict(zero_based=o.zero_based, width=o.n_features if o.n_features else -1, skip_invalid=skip,
-              label_pair=o.label_pair)
+              label_pair=o.label_pair, index_dtype=np.int32, value_dtype=np.dtype(o.dtype))
     if task.compression is None:
         with _open(task.path) as f:
             buf = read_owned_lines(f, task.start, task.end, file_size(task.path))
         parsed = libsvm.parse_buffer(buf, **kw)
-        res = _block_result(task.keys[0], parsed, o.dtype, task.end - task.start)
+        res = _block_result(task.keys[0], parsed, task.end - task.start)
         res["line_offset"] = None
         if parsed.errors and not skip:
             res.pop("_arrays")
@@ -248,7 +253,7 @@ def _stream_task(root: str, task: Task, o: IngestOptions, kw: dict) -> list[dict
                     break
                 parsed = libsvm.parse_buffer(buf, **kw)
                 key = f"{task.keys[0][:-6]}{seq:06d}"
-                res = _block_result(key, parsed, o.dtype, len(buf))
+                res = _block_result(key, parsed, len(buf))
                 res["line_offset"] = lines_before
                 lines_before += parsed.n_lines
                 seq += 1
@@ -268,8 +273,12 @@ def _stream_task(root: str, task: Task, o: IngestOptions, kw: dict) -> list[dict
     return out
 
 
-def source_stats_task(root: str, keys: list[str], n_features: int, base: str | None) -> dict:
-    """Dask task: sum the per-block feature statistics of ``keys`` (plus a previous version) and write them."""
+STATS_CHUNK = 1 << 20
+
+
+def source_stats_task(root: str, keys: list[str], n_features: int, base: str | None, out: str) -> None:
+    """Dask task: sum the per-block feature statistics of ``keys`` (plus a previous version) and write them
+    to ``root/out`` on the worker (the dense arrays never travel to the client)."""
     col_nnz = np.zeros(n_features, dtype=np.int64)
     col_sumsq = np.zeros(n_features, dtype=np.float64)
     if base is not None:
@@ -282,7 +291,10 @@ def source_stats_task(root: str, keys: list[str], n_features: int, base: str | N
         idx = fmt.read_array(g, "stats_idx")
         col_nnz[idx] += fmt.read_array(g, "stats_nnz")
         col_sumsq[idx] += fmt.read_array(g, "stats_sumsq")
-    return col_nnz, col_sumsq
+    fmt.make_group(f"{root}/stats")
+    fmt.make_group(f"{root}/{out}")
+    fmt.write_array(f"{root}/{out}", "col_nnz", col_nnz, STATS_CHUNK)
+    fmt.write_array(f"{root}/{out}", "col_sumsq", col_sumsq, STATS_CHUNK)
 
 
 # ------------------------------------------------------------------------------------ client side
@@ -495,12 +507,8 @@ def _commit(c, root, out, old, sources, tasks, results, o, generation, t0):
     version = (old["manifest_version"] + 1) if old else 1
     stats_path = f"stats/v{version:06d}"
     new_train = [e["key"] for e in entries if e.get("generation") == generation and e["split"] == "train"]
-    fut = c.submit(source_stats_task, root, new_train, width, old.get("stats") if old else None, pure=False)
-    col_nnz, col_sumsq = fut.result()
-    fmt.make_group(f"{root}/stats")
-    fmt.make_group(f"{root}/{stats_path}")
-    fmt.write_array(f"{root}/{stats_path}", "col_nnz", col_nnz)
-    fmt.write_array(f"{root}/{stats_path}", "col_sumsq", col_sumsq)
+    c.submit(source_stats_task, root, new_train, width, old.get("stats") if old else None, stats_path,
+             pure=False).result()
     # skipped lines, beside the blocks
     skipped_file = None
     if skipped:

@@ -9,6 +9,15 @@ from pipeline.algorithms.base import params_from_dict
 ALGORITHMS = {
     "sgd": ("pipeline.algorithms.sgd", "SGD", "TGParams"),
     "tg": ("pipeline.algorithms.sgd", "TruncatedGradient", "TGParams"),
+    "two-stage": ("pipeline.algorithms.two_stage", "TwoStage", "TwoStageParams"),
+    "l1proj": ("pipeline.algorithms.l1proj", "L1Projection", "L1ProjParams"),
+    "nssl": ("pipeline.algorithms.nssl", "NSSL", "NSSLParams"),
+    "smidas": ("pipeline.algorithms.smidas", "SMIDAS", "SMIDASParams"),
+    "scd": ("pipeline.algorithms.scd", "SCD", "SCDParams"),
+    "grades": ("pipeline.algorithms.grades", "GraDes", "GraDesParams"),
+    "rda": ("pipeline.algorithms.rda", "RDA", "RDAParams"),
+    "fobos": ("pipeline.algorithms.fobos", "FOBOS", "FOBOSParams"),
+    "stsgd": ("pipeline.algorithms.stsgd", "STSGD", "STSGDParams"),
 }
 
 

@@ -27,6 +27,7 @@ NON_FINITE = 6
 BEYOND_WIDTH = 7
 LABEL_NOT_IN_PAIR = 8
 NEGATIVE_INDEX = 9
+INDEX_TOO_LARGE = 10
 
 ERROR_MESSAGES = {
     BAD_LABEL: "bad label (expected a number)",
@@ -38,6 +39,7 @@ ERROR_MESSAGES = {
     BEYOND_WIDTH: "feature index beyond --n-features",
     LABEL_NOT_IN_PAIR: "label is not one of the two binary labels",
     NEGATIVE_INDEX: "negative feature index",
+    INDEX_TOO_LARGE: "feature index too large for int32 indices (stores hold < 2**31 features)",
 }
 
 _POW10 = np.array([10.0**k for k in range(309)], dtype=np.float64)
@@ -274,6 +276,10 @@ def parse_libsvm(buf, one_based, width, skip_invalid, label_lo, label_hi, use_pa
                 code = BEYOND_WIDTH
                 col = tok - line_start
                 break
+            if indices.itemsize == 4 and j > 2147483646:
+                code = INDEX_TOO_LARGE
+                col = tok - line_start
+                break
             prev = j
             indices[nnz] = j
             data[nnz] = val
@@ -324,16 +330,24 @@ class Parsed:
         return self.indices.shape[0]
 
 
-def parse_buffer(buf, *, zero_based=False, width=-1, skip_invalid=False, label_pair=None) -> Parsed:
-    """Parse whole LIBSVM lines held in ``buf`` (bytes or a uint8 array)."""
-    arr = np.frombuffer(buf, dtype=np.uint8) if not isinstance(buf, np.ndarray) else buf
-    nl, colons = count_lines_and_pairs(arr)
-    indptr = np.zeros(nl + 1, dtype=np.int64)
-    indices = np.empty(colons, dtype=np.int64)
-    data = np.empty(colons, dtype=np.float64)
-    labels = np.empty(nl, dtype=np.float64)
-    row_line = np.empty(nl, dtype=np.int64)
-    err_line = np.empty(nl if skip_invalid else 1, dtype=np.int64)
+def parse_buffer(buf, *, zero_based=False, width=-1, skip_invalid=False, label_pair=None,
+                 index_dtype=np.int64, value_dtype=np.float64) -> Parsed:
+    """Parse whole LIBSVM lines held in ``buf`` (bytes, memoryview or a uint8 array).
+
+    Output capacity comes from safe bounds instead of a counting pass: a pair needs >= 4 bytes
+    ("j:v" plus a separator) and a row >= 2 bytes, so nnz <= n/4 + 1 and rows <= n/2 + 1. The arrays are
+    allocated uninitialised (untouched pages cost no memory) and returned as views of the used part.
+    """
+    arr = buf if isinstance(buf, np.ndarray) else np.frombuffer(buf, dtype=np.uint8)
+    n = arr.shape[0]
+    cap_nnz, cap_rows = n // 4 + 1, n // 2 + 2
+    indptr = np.empty(cap_rows + 1, dtype=np.int64)
+    indptr[0] = 0
+    indices = np.empty(cap_nnz, dtype=index_dtype)
+    data = np.empty(cap_nnz, dtype=value_dtype)
+    labels = np.empty(cap_rows, dtype=np.float64)
+    row_line = np.empty(cap_rows, dtype=np.int64)
+    err_line = np.empty(cap_rows if skip_invalid else 1, dtype=np.int64)
     err_col = np.empty_like(err_line)
     err_code = np.empty_like(err_line)
     lo, hi = (float(label_pair[0]), float(label_pair[1])) if label_pair else (0.0, 0.0)
@@ -343,3 +357,45 @@ def parse_buffer(buf, *, zero_based=False, width=-1, skip_invalid=False, label_p
     errors = [(int(err_line[k]), int(err_col[k]), int(err_code[k])) for k in range(nerr)]
     return Parsed(indptr[: nrows + 1], indices[:nnz], data[:nnz], labels[:nrows], row_line[:nrows],
                   errors, int(nlines), int(maxidx))
+
+
+_SCRATCH = {}
+
+
+@numba.njit(cache=True, nogil=True)
+def _column_stats(indices, data, scratch, touched):
+    """Per-feature non-zero count and sum of squares of one block in O(nnz). ``scratch`` is float64[width, 2]
+    (count, sum of squares side by side: one cache line per feature), zero on entry and handed back zeroed.
+    Features come out in order of first appearance (deterministic)."""
+    nt = 0
+    for k in range(indices.shape[0]):
+        j = indices[k]
+        if scratch[j, 0] == 0.0:
+            touched[nt] = j
+            nt += 1
+        v = np.float64(data[k])
+        scratch[j, 0] += 1.0
+        scratch[j, 1] += v * v
+    out_idx = np.empty(nt, dtype=np.int64)
+    out_cnt = np.empty(nt, dtype=np.int64)
+    out_ss = np.empty(nt, dtype=np.float64)
+    for t in range(nt):
+        j = touched[t]
+        out_idx[t] = j
+        out_cnt[t] = np.int64(scratch[j, 0])
+        out_ss[t] = scratch[j, 1]
+        scratch[j, 0] = 0.0
+        scratch[j, 1] = 0.0
+    return out_idx, out_cnt, out_ss
+
+
+def column_stats(indices: np.ndarray, data: np.ndarray, width: int):
+    """(feature ids, non-zero counts, sums of squares) of the features present in one block."""
+    if indices.shape[0] == 0:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.float64)
+    sc = _SCRATCH.get("cols")
+    if sc is None or sc.shape[0] < width:
+        sc = np.zeros((width, 2), np.float64)
+        _SCRATCH["cols"] = sc
+    touched = np.empty(min(indices.shape[0], width), dtype=np.int64)
+    return _column_stats(indices, data, sc, touched)

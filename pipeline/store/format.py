@@ -25,16 +25,16 @@ FORMAT = "sparsepipe-store"
 FORMAT_VERSION = 1
 ATTR = "sparsepipe"
 
-_COMPRESSORS = (BloscCodec(cname="lz4", clevel=5, shuffle=BloscShuffle.shuffle),)
+_COMPRESSORS = (BloscCodec(cname="lz4", clevel=5, shuffle=BloscShuffle.bitshuffle),)
 
 
 class StoreError(Exception):
     """A store that cannot be opened or committed; the message names the path and the cause."""
 
 
-def write_array(group_path: str, name: str, arr: np.ndarray) -> None:
-    """Write ``arr`` as one-chunk zarr v3 array ``group_path/name`` (blosc-lz4, byte shuffle)."""
-    chunks = (max(1, arr.shape[0]),)
+def write_array(group_path: str, name: str, arr: np.ndarray, chunk: int | None = None) -> None:
+    """Write ``arr`` as zarr v3 array ``group_path/name`` (blosc-lz4, bit shuffle), one chunk unless ``chunk``."""
+    chunks = (max(1, min(chunk or arr.shape[0], arr.shape[0])),)
     z = zarr.create_array(store=group_path, name=name, shape=arr.shape, dtype=arr.dtype, chunks=chunks,
                           compressors=_COMPRESSORS, overwrite=True)
     if arr.shape[0]:

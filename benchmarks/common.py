@@ -1,0 +1,57 @@
+"""Shared helpers for the benchmark scripts: output folder, JSON + markdown reporting, synthetic inputs."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+OUT = Path(os.environ.get("SPARSEPIPE_BENCH_OUT", ROOT / "bench-out"))
+DATA = ROOT.parent / "shared" / "data"
+
+
+def out_dir() -> Path:
+    OUT.mkdir(parents=True, exist_ok=True)
+    return OUT
+
+
+def report(name: str, result: dict, table: list[dict] | None = None, columns: list[str] | None = None) -> None:
+    """Write bench-out/<name>.json and print it plus a markdown table."""
+    result = {"benchmark": name, "when": time.strftime("%Y-%m-%dT%H:%M:%S"), "machine": machine(), **result}
+    (out_dir() / f"{name}.json").write_text(json.dumps(result, indent=1, default=str))
+    print(json.dumps(result, indent=1, default=str))
+    if table:
+        cols = columns or list(table[0])
+        lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+        for row in table:
+            lines.append("| " + " | ".join(_fmt(row.get(c, "")) for c in cols) + " |")
+        md = "\n".join(lines)
+        (out_dir() / f"{name}.md").write_text(md + "\n")
+        print(md)
+
+
+def _fmt(v):
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    return str(v)
+
+
+def machine() -> dict:
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+    return {"cores": os.cpu_count(), "python": sys.version.split()[0], "load1": load}
+
+
+def synth_file(path: Path, rows: int, features: int = 16_609_143, nnz_per_row: int = 3700, seed: int = 0) -> Path:
+    """Generate (once) a webspam-like LIBSVM file with `sparsepipe synth`."""
+    if not path.exists():
+        from pipeline.synth import synth
+
+        synth(str(path), rows=rows, features=features, nnz_per_row=nnz_per_row, seed=seed)
+    return path
+
+
+def run(cmd: list[str], **kw) -> subprocess.CompletedProcess:
+    return subprocess.run(cmd, check=True, capture_output=True, text=True, **kw)

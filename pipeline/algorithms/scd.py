@@ -1,0 +1,137 @@
+"""SCD: stochastic coordinate descent for (1/m)Σℓ(w·x_i, y_i) + λ‖w‖₁ (ALGORITHMS.md §5, (E-7)–(E-9)).
+
+Column access, out of core — how it is provided: the engine streams *row* blocks, so every pass (= one
+stage, one path, ``path_mode = "split"``) ``advance`` only collects the training blocks it is handed into
+private ``_blk*`` keys of the path state (never saved: the model file skips "_" keys). At the stage end
+(``summarize``, on the path's worker, once the whole training set has been seen) the blocks are put in a
+canonical order (sorted by a content hash, so the row order does not depend on the pass's block
+permutation), stacked and converted to an in-memory CSC copy (cached per process, keyed by the hashes);
+then ``scan`` × d coordinate steps run on it. So SCD needs the *training set* to fit in memory as CSC
+(one copy of the non-zeros); it is meant for the real sets of the study, not for webspam-scale stores.
+An out-of-memory variant would write a transposed column-block store once and stream column blocks.
+
+State (all saved, so resume is exact): ``w``, the cached margins ``z = Xw`` (canonical row order), the scan
+counter (the coordinate draws of scan k come from ``default_rng([seed, k])``). No bias (as in the paper).
+One path only. β = 1/4 (logistic) or 1 (squared); hinge is not smooth and is rejected.
+"""
+from __future__ import annotations
+
+import hashlib
+import math
+from collections import OrderedDict
+from dataclasses import dataclass
+
+import numpy as np
+import scipy.sparse as sp
+
+from pipeline.algorithms.base import Algorithm
+from pipeline.algorithms.nssl import nnz_diag
+from pipeline.kernels import ecml as K
+from pipeline.kernels.losses import LOSS_CODES
+
+BETA = {"logistic": 0.25, "squared": 1.0}
+_CSC_CACHE: "OrderedDict[tuple, tuple]" = OrderedDict()
+
+
+@dataclass(frozen=True)
+class SCDParams:
+    loss: str = "logistic"
+    lam: float = 1e-4
+    scan: float = 1.0               # coordinate steps per stage, as a multiple of d
+    seed: int = 0
+
+    def __post_init__(self):
+        if self.loss not in BETA:
+            raise ValueError(f"loss must be one of {', '.join(BETA)} (SCD needs a smooth loss), got {self.loss!r}")
+        if not (math.isfinite(self.lam) and self.lam >= 0):
+            raise ValueError(f"lam must be finite and >= 0, got {self.lam!r}")
+        if not (math.isfinite(self.scan) and self.scan > 0):
+            raise ValueError(f"scan must be finite and > 0, got {self.scan!r}")
+
+
+def block_hash(indptr, indices, data, y) -> str:
+    h = hashlib.blake2b(digest_size=16)
+    for a in (indptr, indices, data, y):
+        h.update(np.ascontiguousarray(a).tobytes())
+    return h.hexdigest()
+
+
+def column_copy(blocks: list, n_features: int):
+    """CSC (indptr, row indices, values, y) of the training rows, blocks in canonical (hash) order."""
+    blocks = sorted(blocks, key=lambda b: b[0])
+    key = (n_features,) + tuple(b[0] for b in blocks)
+    if key in _CSC_CACHE:
+        _CSC_CACHE.move_to_end(key)
+        return _CSC_CACHE[key]
+    X = sp.vstack([sp.csr_matrix((b[3], b[2], b[1]), shape=(b[1].shape[0] - 1, n_features)) for b in blocks],
+                  format="csr").astype(np.float64).tocsc()
+    X.sort_indices()
+    y = np.concatenate([b[4] for b in blocks]).astype(np.float64)
+    out = (X.indptr.astype(np.int64), X.indices.astype(np.int64), X.data, y)
+    _CSC_CACHE[key] = out
+    while len(_CSC_CACHE) > 2:
+        _CSC_CACHE.popitem(last=False)
+    return out
+
+
+def margins(cindptr, rowidx, cdata, w, m) -> np.ndarray:
+    return np.asarray(sp.csc_matrix((cdata, rowidx, cindptr), shape=(m, w.shape[0])) @ w).ravel()
+
+
+class SCD(Algorithm):
+    name = "scd"
+    path_mode = "split"
+    Params = SCDParams
+    feature_keys = ("w",)
+
+    def init_path(self, n_features, path):
+        if path > 0:
+            raise ValueError("--algo scd runs on one path (use --paths 1)")
+        return {"w": np.zeros(n_features), "z": np.zeros(0), "istate": np.zeros(2, dtype=np.int64)}
+
+    def warm_start(self, state, w, bias):
+        n = min(len(w), state["w"].shape[0])
+        state["w"][:n] = w[:n]
+        state["z"] = np.zeros(0)  # recomputed from w at the first scan
+        return state
+
+    def advance(self, state, indptr, indices, data, y, rows, start, pass_index):
+        k = int(state["istate"][1])
+        h = block_hash(indptr, indices, data, y)
+        for name, a in (("h", np.frombuffer(h.encode(), dtype=np.uint8)), ("indptr", indptr), ("indices", indices),
+                        ("data", data), ("y", y)):
+            state[f"_blk{k}_{name}"] = np.asarray(a)
+        state["istate"][1] = k + 1
+        return rows.shape[0] - start, False
+
+    def summarize(self, state):
+        n_blk = int(state["istate"][1])
+        blocks = [(bytes(state[f"_blk{k}_h"]).decode(),) + tuple(state[f"_blk{k}_{n}"] for n in
+                  ("indptr", "indices", "data", "y")) for k in range(n_blk)]
+        w = state["w"].copy()
+        cindptr, rowidx, cdata, y = column_copy(blocks, w.shape[0])
+        m = y.shape[0]
+        z = state["z"].copy() if state["z"].shape[0] == m else margins(cindptr, rowidx, cdata, w, m)
+        scan = int(state["istate"][0])
+        d = w.shape[0]
+        coords = np.random.default_rng([self.params.seed, scan]).integers(0, d, size=max(1, round(self.params.scan * d)))
+        code = LOSS_CODES[self.params.loss]
+        K.scd_steps(cindptr, rowidx, cdata, y, z, w, coords.astype(np.int64), BETA[self.params.loss],
+                    self.params.lam, code)
+        obj = K.mean_loss(z, y, code) + self.params.lam * float(np.abs(w).sum())
+        return {"w": w, "z": z, "scan": np.array([scan + 1.0]), "objective": np.array([obj])}
+
+    def decide(self, total, gstate, n_paths):
+        if n_paths != 1:
+            raise ValueError("--algo scd runs on one path (use --paths 1)")
+        dec = dict(total, bias=np.zeros(1))
+        return dec, gstate, nnz_diag(total["w"], objective=float(total["objective"][0]))
+
+    def apply(self, state, decision):
+        for k in [k for k in state if k.startswith("_blk")]:
+            del state[k]
+        state["w"] = decision["w"].copy()
+        state["z"] = decision["z"].copy()
+        state["istate"][0] = int(decision["scan"][0])
+        state["istate"][1] = 0
+        return state

@@ -1,0 +1,306 @@
+"""Stabilized Truncated SGD (STSGD, ALGORITHMS.md §2) on the engine: M full paths, sparse stage-end exchange.
+
+Every path reads every training block in its own seeded order (``path_mode = "full"``) and runs the
+burst kernel ``pipeline.kernels.stsgd.stsgd_block`` (ST-1..ST-5, the ST-9 movement ratios). At each stage
+end the engine calls, per path, :meth:`STSGD.summarize` (touched features' counters c, b, κ, the
+stage's ratio buffer and the path's non-zero weights — all sparse), combines them pairwise in its fixed
+tree (:meth:`combine`: sparse merges, ratio buffers concatenated in path order), and :meth:`decide`
+computes Π̂ (ST-6, or ST-11 with carried counters), the purge list (ST-7), the next β (ST-10), K
+(ST-12) and g0 (ST-9), and the aggregated model w̄ (ST-13). :meth:`apply` purges (ST-8) and starts the
+next stage on every path.
+
+Stage length [R]. A stage ends at the first of: ``n_K`` bursts of the path (n_K = 0: no limit), the
+engine's ``stage_blocks`` blocks (``--stage-blocks``), the end of a pass, or the end of training. The pass
+boundary rule makes stages identical whether training runs 5 passes at once or 2 + 3 (resume): the
+engine always ends the last stage at the pass boundary, so every run must. A stage that ends inside a
+burst (pass end, stage_blocks, end of training) closes that burst early with its actual counts
+(informative amount g0·k̃_j; uniform g0·updates), in :meth:`summarize` (on the engine's copy, for the
+counters) and identically in :meth:`apply` (on the path state).
+
+State. Per path: the kernel arrays of ``new_path_state`` plus ``ctrl`` = [g0, β, K, stage-1 quantile mode]
+and ``stage_pass``. ``alive`` and ``ctrl`` are identical on all paths after ``apply`` (shared keys, saved
+once). Global (gstate, saved with the model): stage count, |Ω|, β, g0, K, the carried counters of
+(ST-11), the previous w̄ (sparse) for the stopping rule, and the ``done`` flag.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from pipeline.algorithms import stsgd_rules as R
+from pipeline.algorithms.base import Algorithm
+from pipeline.kernels import stsgd as KS
+from pipeline.kernels.losses import LOSS_CODES
+
+SCHEDULES = {"sqrt": KS.SCHEDULE_INVSQRT, "invsqrt": KS.SCHEDULE_INVSQRT, "constant": KS.SCHEDULE_CONSTANT}
+RATIOS = ("c", "paper")
+# ctrl slots (float64[4], shared by all paths)
+C_G0, C_BETA, C_K, C_QUANT = 0, 1, 2, 3
+
+
+def _opt_float(v, name):
+    """None, 'none' or a number (``--set`` passes strings for fields whose default is None)."""
+    if v is None or (isinstance(v, str) and v.strip().lower() in ("", "none", "null")):
+        return None
+    try:
+        v = float(v)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be a number or none, got {v!r}") from None
+    if not math.isfinite(v) or v < 0:
+        raise ValueError(f"{name} must be finite and >= 0, got {v!r}")
+    return v
+
+
+@dataclass(frozen=True)
+class STSGDParams:
+    """Hyper-parameters of STSGD (ALGORITHMS.md §2). M (paths) and passes come from the engine/CLI."""
+
+    loss: str = "logistic"          # logistic | hinge
+    eta: float = 1.0                # η; η_t = η/√t with schedule "sqrt" (the R code), η with "constant"
+    schedule: str = "sqrt"          # sqrt (1/sqrt(t), t = per-path update count) | constant
+    K: int = 5                      # K0, burst size (ST-2/ST-3)
+    n_K: int = 5                    # bursts per stage; 0 = no limit (stage = --stage-blocks blocks / a pass)
+    beta0: float = 0.7              # maximal (initial) rejection rate (ST-9/ST-10)
+    gamma: float = -3.0             # annealing rate of β (ST-10)
+    pi0: float = 0.8                # purging threshold (ST-7); 0 = never purge
+    delta_K: float = 0.0            # carry-over evidence threshold (ST-11); 0 = plain eq. (8)
+    ratio: str = "c"                # ST-11 denominator: "c" (bursts with evidence, [R]) | "paper" (updates)
+    alpha: float = 0.0              # burst-size annealing (ST-12); 0 = off, else in (0, 1) (code: 0.5)
+    tol: float = 1e-3               # stopping rule (ST-13) on ‖w̄_s − w̄_{s−1}‖ relative; 0 = passes only
+    g0_init: float | None = None    # base gravity of stage 1; None = per-burst quantile rule at β0 [R]
+    informative: bool = True        # False: uniform truncation g0·K of the burst's coordinates (ST-2)
+    stability: bool = True          # False: no purging (no stable set)
+    fixed_gravity: float | None = None  # constant g0 for every stage (no ST-9/ST-10); None/0 = adaptive
+    count_violations_only: bool = False  # k̃ counts only rows with ℓ' ≠ 0 (the R hinge code)
+    hinge_at_one: bool = False      # hinge ℓ' = −y also at y·f = 1 (the R code)
+    fit_bias: bool = True
+    ratio_capacity: int = 65536     # per-path ratio buffer (uniform reservoir beyond it)
+    d_base: str = "seen"            # d_s = |Ω_s| / (features seen so far) [R, as the R code drops empty
+                                    # columns] | "p" = |Ω_s| / p (all declared columns)
+    ratio_pool: str = "stage"       # ST-9 pool: "stage" = every feature alive during the stage (Ω_{s-1}) [R];
+                                    # "stable" = only the survivors Ω_s (literal reading of eq. 11)
+
+    def __post_init__(self):
+        set_ = object.__setattr__
+        set_(self, "g0_init", _opt_float(self.g0_init, "g0_init"))
+        fg = _opt_float(self.fixed_gravity, "fixed_gravity")
+        set_(self, "fixed_gravity", None if fg == 0 else fg)
+        if self.loss not in ("logistic", "hinge"):
+            raise ValueError(f"loss must be logistic or hinge for stsgd, got {self.loss!r}")
+        if self.schedule not in SCHEDULES:
+            raise ValueError(f"schedule must be one of {', '.join(SCHEDULES)}, got {self.schedule!r}")
+        if not (math.isfinite(self.eta) and self.eta > 0):
+            raise ValueError(f"eta must be > 0, got {self.eta}")
+        for name in ("K", "n_K", "ratio_capacity"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not float(v).is_integer():
+                raise ValueError(f"{name} must be an integer, got {v!r}")
+            set_(self, name, int(v))
+        if self.K < 1:
+            raise ValueError(f"K must be >= 1, got {self.K}")
+        if self.n_K < 0:
+            raise ValueError(f"n_K must be >= 0 (0 = no burst limit), got {self.n_K}")
+        if self.ratio_capacity < 1:
+            raise ValueError(f"ratio_capacity must be >= 1, got {self.ratio_capacity}")
+        for name in ("beta0", "pi0"):
+            v = getattr(self, name)
+            if not 0.0 <= v <= 1.0:
+                raise ValueError(f"{name} must be in [0, 1], got {v}")
+        if not math.isfinite(self.gamma):
+            raise ValueError(f"gamma must be finite, got {self.gamma}")
+        if not (self.delta_K >= 0):
+            raise ValueError(f"delta_K must be >= 0, got {self.delta_K}")
+        if self.d_base not in ("seen", "p"):
+            raise ValueError(f"d_base must be 'seen' or 'p', got {self.d_base!r}")
+        if self.ratio_pool not in ("stage", "stable"):
+            raise ValueError(f"ratio_pool must be 'stage' or 'stable', got {self.ratio_pool!r}")
+        if self.ratio not in RATIOS:
+            raise ValueError(f"ratio must be 'c' or 'paper', got {self.ratio!r}")
+        if not (self.alpha == 0 or 0.0 < self.alpha < 1.0):
+            raise ValueError(f"alpha must be 0 (off) or in (0, 1), got {self.alpha}")
+        if not (self.tol >= 0):
+            raise ValueError(f"tol must be >= 0, got {self.tol}")
+
+
+class STSGD(Algorithm):
+    name = "stsgd"
+    path_mode = "full"
+    Params = STSGDParams
+    shared_keys = ("alive", "ctrl")
+    feature_keys = ("w", "alive", "kt", "w_start", "cnt_evid", "cnt_surv", "cnt_upd")
+
+    # --- per path -----------------------------------------------------------------------------
+    def _initial_ctrl(self):
+        p = self.params
+        quant = 0.0
+        if p.fixed_gravity is not None:
+            g0 = p.fixed_gravity
+        elif p.g0_init is not None:
+            g0 = p.g0_init
+        else:
+            g0, quant = 0.0, 1.0
+        K0 = p.K if p.alpha == 0 else R.burst_size(p.K, p.alpha, 1.0)
+        return np.array([g0, p.beta0, float(K0), quant], dtype=np.float64)
+
+    def init_path(self, n_features, path):
+        s = KS.new_path_state(n_features, ratio_capacity=self.params.ratio_capacity, seed=1 + path)
+        s["ctrl"] = self._initial_ctrl()
+        s["stage_pass"] = np.array([-1], dtype=np.int64)
+        return s
+
+    def resize(self, state, n_features):
+        old = state["alive"].shape[0]
+        out = super().resize(state, n_features)
+        if n_features > old:
+            out["alive"][old:] = True  # new columns enter the stable set
+            out["touched"] = np.zeros(n_features, dtype=np.int64)
+        return out
+
+    def warm_start(self, state, w, bias):
+        n = min(len(w), state["w"].shape[0])
+        state["w"][:n] = w[:n]
+        state["fstate"][KS.F_BIAS] = bias
+        return state
+
+    def advance(self, state, indptr, indices, data, y, rows, start, pass_index):
+        sp = state["stage_pass"]
+        if sp[0] < 0:
+            sp[0] = pass_index
+        elif sp[0] != pass_index:
+            return 0, True  # stages end at pass boundaries (see module docstring)
+        p = self.params
+        c = state["ctrl"]
+        consumed = KS.stsgd_block(
+            indptr, indices, data, y, rows, start, state["w"], state["alive"], state["kt"], state["w_start"],
+            state["touched"], state["istate"], state["fstate"], state["cnt_evid"], state["cnt_surv"],
+            state["cnt_upd"], state["ratios"], p.eta, SCHEDULES[p.schedule], int(c[C_K]), c[C_G0],
+            LOSS_CODES[p.loss], p.hinge_at_one, p.informative, p.count_violations_only, p.fit_bias, p.n_K,
+            bool(c[C_QUANT]), c[C_BETA])
+        done = p.n_K > 0 and state["istate"][KS.I_STAGE_BURSTS] >= p.n_K
+        return int(consumed), bool(done)
+
+    def _close_burst(self, state):
+        c = state["ctrl"]
+        KS.stsgd_close_burst(state["w"], state["kt"], state["w_start"], state["touched"], state["istate"],
+                             state["fstate"], state["cnt_evid"], state["cnt_surv"], state["cnt_upd"],
+                             state["ratios"], c[C_G0], self.params.informative, bool(c[C_QUANT]), c[C_BETA])
+
+    # --- stage end ----------------------------------------------------------------------------
+    def summarize(self, state):
+        self._close_burst(state)  # state is the engine's private copy
+        ist = state["istate"]
+        cnt = R.sparse_counters(state["cnt_evid"], state["cnt_surv"], state["cnt_upd"])
+        widx, wval = R.sparse_weights(state["w"])
+        return {"cnt": cnt, "ratios": state["ratios"][: int(ist[KS.I_NRATIOS])].copy(),
+                "w": (widx, wval), "bias": state["fstate"][KS.F_BIAS:KS.F_BIAS + 1].copy(),
+                "g0_last": state["fstate"][KS.F_G0_LAST:KS.F_G0_LAST + 1].copy(),
+                "pass_min": state["cursor"][:1].copy(), "updates": ist[KS.I_T:KS.I_T + 1].copy()}
+
+    def combine(self, a, b):
+        return {"cnt": R.merge_sparse(a["cnt"], b["cnt"]),
+                "ratios": np.concatenate([a["ratios"], b["ratios"]]),
+                "w": R.merge_sparse(a["w"], b["w"]),
+                "bias": a["bias"] + b["bias"], "g0_last": a["g0_last"] + b["g0_last"],
+                "pass_min": np.minimum(a["pass_min"], b["pass_min"]), "updates": a["updates"] + b["updates"]}
+
+    def init_global(self, n_features):
+        p = self.params
+        c = self._initial_ctrl()
+        z = np.zeros(0, dtype=np.int64)
+        return {"n_features": np.array(n_features, dtype=np.int64), "stage": np.array(0, dtype=np.int64),
+                "n_alive": np.array(n_features, dtype=np.int64), "seen": np.zeros(n_features, dtype=np.bool_),
+                "n_seen": np.array(0, dtype=np.int64), "beta": np.array(p.beta0),
+                "g0": np.array(c[C_G0]), "K": np.array(c[C_K]), "quant": np.array(c[C_QUANT]),
+                "carry_idx": z, "carry_evid": z, "carry_surv": z, "carry_upd": z,
+                "wprev_idx": z, "wprev_val": np.zeros(0), "wprev_set": np.array(False),
+                "done": np.array(False)}
+
+    def decide(self, total, gstate, n_paths):
+        p = self.params
+        g = {k: np.asarray(v) for k, v in gstate.items()}
+        nf = int(g["n_features"])
+        M = n_paths
+        cnt = tuple(np.asarray(x) for x in total["cnt"])
+        carry = (g["carry_idx"], g["carry_evid"], g["carry_surv"], g["carry_upd"])
+        # (ST-6)/(ST-11) selection probabilities of the stage's touched features (all alive during the stage)
+        idx, prob, new_carry = R.carried_selection_probability(carry, cnt, p.delta_K, p.ratio)
+        if p.stability and p.pi0 > 0:
+            purged = np.sort(idx[prob < p.pi0]).astype(np.int64)  # (ST-7); stage features are alive
+        else:
+            purged = np.zeros(0, dtype=np.int64)
+        if purged.size and new_carry[0].size:
+            keep = ~np.isin(new_carry[0], purged)
+            new_carry = tuple(x[keep] for x in new_carry)
+        n_alive = int(g["n_alive"]) - int(purged.size)
+        seen = g["seen"].copy()
+        seen[idx] = True
+        n_seen = int(g["n_seen"]) + int(np.count_nonzero(~g["seen"][idx]))
+        if p.d_base == "p":
+            d = n_alive / nf
+        else:  # fraction of the features seen so far that are still stable (1 before any evidence)
+            d = 1.0 - (nf - n_alive) / n_seen if n_seen else 1.0
+        rejection = R.realized_rejection_rate(cnt[1], cnt[2])
+        beta_used, g0_used, K_used = float(g["beta"]), float(g["g0"]), float(g["K"])
+        if bool(g["quant"]):
+            g0_used = float(total["g0_last"][0]) / M  # per-burst quantile: last burst's value, path mean
+        # (ST-10) β, (ST-12) K, (ST-9) g0 for the next stage
+        if p.fixed_gravity is not None:
+            beta_next, g0_next = beta_used, p.fixed_gravity
+        else:
+            beta_next = R.anneal_beta(p.beta0, p.gamma, d) if p.stability else p.beta0
+            ratios = np.asarray(total["ratios"])
+            if p.ratio_pool == "stable" and purged.size and ratios.shape[0]:
+                ratios = ratios[~np.isin(ratios[:, 0].astype(np.int64), purged)]
+            g0_next = R.adaptive_gravity(ratios[:, 1], beta_next) if ratios.shape[0] else g0_used
+        K_next = R.burst_size(p.K, p.alpha, max(d, 1e-300)) if p.alpha > 0 else p.K
+        # (ST-13) aggregation of the purged paths
+        widx, wsum = total["w"]
+        keep = ~np.isin(widx, purged) if purged.size else np.ones(widx.shape[0], dtype=bool)
+        widx, wbar = widx[keep], wsum[keep] / M
+        nz = wbar != 0.0
+        widx, wbar = widx[nz], wbar[nz]
+        bias = total["bias"] / M
+        stage = int(g["stage"]) + 1
+        passes_done = int(total["pass_min"][0])
+        done = False
+        if p.tol > 0 and bool(g["wprev_set"]) and passes_done >= 1:
+            diff = R.merge_sparse((widx, wbar), (g["wprev_idx"], -g["wprev_val"]))[1]
+            done = bool(np.linalg.norm(diff) <= p.tol * max(1.0, float(np.linalg.norm(g["wprev_val"]))))
+        quant_next = False  # the per-burst quantile rule is for stage 1 only
+        ctrl = np.array([g0_next, beta_next, float(K_next), float(quant_next)], dtype=np.float64)
+        gnew = {"n_features": np.array(nf, dtype=np.int64), "stage": np.array(stage, dtype=np.int64),
+                "n_alive": np.array(n_alive, dtype=np.int64), "seen": seen,
+                "n_seen": np.array(n_seen, dtype=np.int64), "beta": np.array(beta_next),
+                "g0": np.array(g0_next), "K": np.array(float(K_next)), "quant": np.array(quant_next),
+                "carry_idx": new_carry[0], "carry_evid": new_carry[1], "carry_surv": new_carry[2],
+                "carry_upd": new_carry[3], "wprev_idx": widx, "wprev_val": wbar, "wprev_set": np.array(True),
+                "done": np.array(done)}
+        decision = {"w_idx": widx, "w_val": wbar, "bias": bias, "purged": purged, "ctrl": ctrl,
+                    "n_features": nf}
+        nnz = int(widx.shape[0])
+        diag = {"nnz": nnz, "density": nnz / max(1, nf), "stable": n_alive, "purged": int(purged.size), "d": d,
+                "beta": beta_used, "g0": g0_used, "K": K_used, "rejection": rejection,
+                "beta_next": beta_next, "g0_next": g0_next,
+                "updates": int(total["updates"][0]) // M}
+        return decision, gnew, diag
+
+    def apply(self, state, decision):
+        self._close_burst(state)
+        purged = decision["purged"]
+        if purged.size:
+            state["w"][purged] = 0.0          # (ST-8) on every path
+            state["alive"][purged] = False
+        KS.reset_stage(state["istate"], state["cnt_evid"], state["cnt_surv"], state["cnt_upd"])
+        state["ctrl"] = decision["ctrl"].copy()
+        state["stage_pass"][0] = -1
+        return state
+
+    def weights(self, decision):
+        w = np.zeros(int(decision["n_features"]), dtype=np.float64)
+        w[decision["w_idx"]] = decision["w_val"]
+        return w, float(decision["bias"][0])
+
+    def finished(self, gstate):
+        return bool(np.asarray(gstate.get("done", False)))

@@ -1,0 +1,207 @@
+"""Two-stage sparse learning (Li, Yang, Zhang, Jin, AAAI 2017; ALGORITHMS.md §3).
+
+Stage 1, Epoch-GD on a shrinking L1∩L2 domain: epoch k runs T_k = 2^{k−1}·T1 steps per path with step
+η_k = η1/2^{k−1}, each step projected onto {‖w‖₁ ≤ B} ∩ {‖w − w^k_1‖₂ ≤ ρ_k}, ρ_k = ρ1/2^{(k−1)/2} (ρ1 = B by
+default); the epoch output is the average iterate and becomes the next centre. An epoch is an engine stage:
+paths split the blocks (``split`` mode), the kernel reports ``stage_done`` after the path's T_k steps, and
+at the epoch end the paths' averages are averaged (so the centre is shared). Because a stage also ends at a
+pass end, a path that has finished its epoch waits (consumes nothing) until every path has; when the paths
+still running have no data left the unfinished epoch is discarded (§3: "unused budget is discarded") and
+training stops (``finished``).
+
+Stage 2, randomized sparsification (``pipeline.sparsify``): the model's weights are w̃ = sparsify(ŵ) with
+ŵ = the last completed epoch average (before the first epoch ends: the paths' running average), K draws
+from DD p_j ∝ |ŵ_j|√s_j or MG p_j ∝ |ŵ_j|, K from ``nnz`` or (``epsilon``, ``delta``) by (TS-9). s_j = Ê[x_j²]
+is accumulated over the stage-1 rows in O(nnz) per row (§3), because algorithms do not see the store; over
+whole passes it equals the store's col_sumsq/n_rows. ŵ, its bias and s stay in the global state so that
+``sparsepipe sparsify`` can redo stage 2 with another K. With neither ``nnz`` nor ``epsilon`` the model is ŵ.
+
+``stage1 = "averaged-sgd"`` is §3's stage-1 baseline: projection onto the L1 ball only, η_t = η1/√t,
+averaged iterate (paths are not mixed; the output is the mean of the paths' averages).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from pipeline.algorithms.base import Algorithm
+from pipeline.kernels import two_stage as K
+from pipeline.kernels.l1proj import clip_to_l1_ball
+from pipeline.kernels.losses import LOSS_CODES
+from pipeline.sparsify import METHODS, NNZ_MODES, check_epsilon, sparsify_vector
+
+STAGE1 = {"epoch-gd": K.MODE_EPOCH, "averaged-sgd": K.MODE_SGD}
+
+
+@dataclass(frozen=True)
+class TwoStageParams:
+    """Hyper-parameters of ``--algo two-stage`` (names as in ALGORITHMS.md §3)."""
+
+    l1_radius: float = 10.0         # B (inf: no L1 constraint)
+    loss: str = "squared"           # the paper's setting; logistic | hinge also accepted
+    stage1: str = "epoch-gd"        # epoch-gd | averaged-sgd (the §3 baseline)
+    eta1: float = 0.1
+    T1: int = 1000                  # steps per path in the first epoch
+    rho1: float = 0.0               # 0: rho1 = l1_radius
+    epochs: int = 0                 # stop after this many epochs (0: as many as the passes allow)
+    sparsify: str = "dd"            # dd | mg
+    nnz: int = 0                    # target support size (0: not used)
+    epsilon: float = 0.0            # excess-risk target of (TS-9) (0: not used)
+    delta: float = 0.1
+    nnz_mode: str = "draws"         # draws: K = nnz (nnz <= K) | distinct: draw until nnz distinct [R]
+    sparsify_seed: int = 0
+    fit_bias: bool = True
+    hinge_at_one: bool = False
+    proj_tol: float = 1e-10
+
+    def __post_init__(self):
+        if math.isnan(self.l1_radius) or self.l1_radius <= 0:
+            raise ValueError(f"l1_radius must be > 0 (inf allowed), got {self.l1_radius!r}")
+        if self.loss not in LOSS_CODES:
+            raise ValueError(f"loss must be one of {', '.join(LOSS_CODES)}, got {self.loss!r}")
+        if self.stage1 not in STAGE1:
+            raise ValueError(f"stage1 must be one of {', '.join(STAGE1)}, got {self.stage1!r}")
+        if not (math.isfinite(self.eta1) and self.eta1 > 0):
+            raise ValueError(f"eta1 must be finite and > 0, got {self.eta1!r}")
+        if int(self.T1) < 1:
+            raise ValueError(f"T1 must be >= 1, got {self.T1!r}")
+        if math.isnan(self.rho1) or self.rho1 < 0:
+            raise ValueError(f"rho1 must be >= 0 (0: l1_radius; inf allowed), got {self.rho1!r}")
+        if self.epochs < 0:
+            raise ValueError(f"epochs must be >= 0, got {self.epochs!r}")
+        if self.sparsify not in METHODS:
+            raise ValueError(f"sparsify must be one of {', '.join(METHODS)}, got {self.sparsify!r}")
+        if self.nnz_mode not in NNZ_MODES:
+            raise ValueError(f"nnz_mode must be one of {', '.join(NNZ_MODES)}, got {self.nnz_mode!r}")
+        if self.nnz < 0:
+            raise ValueError(f"nnz must be >= 0, got {self.nnz!r}")
+        if self.nnz and self.epsilon:
+            raise ValueError("give nnz or epsilon, not both")
+        if self.epsilon:
+            check_epsilon(self.epsilon, self.delta)
+        if not (self.proj_tol > 0):
+            raise ValueError(f"proj_tol must be > 0, got {self.proj_tol!r}")
+
+    @property
+    def rho(self) -> float:
+        return self.rho1 if self.rho1 > 0 else self.l1_radius
+
+
+def epoch_schedule(k: int, T1: int, eta1: float, rho1: float) -> tuple:
+    """(T_k, η_k, ρ_k) of (TS-3): T_k = 2^{k−1}T1, η_k = η1/2^{k−1}, ρ_k = ρ1/2^{(k−1)/2}."""
+    return int(T1) * 2 ** (k - 1), eta1 / 2.0 ** (k - 1), rho1 / 2.0 ** ((k - 1) / 2)
+
+
+def _fit(v, n):
+    out = np.zeros(n)
+    m = min(n, v.shape[0])
+    out[:m] = v[:m]
+    return out
+
+
+class TwoStage(Algorithm):
+    name = "two-stage"
+    path_mode = "split"
+    Params = TwoStageParams
+    shared_keys = ("c",)
+    feature_keys = ("w", "c", "wsum", "last", "sumsq")
+
+    def _schedule(self, k):
+        p = self.params
+        if p.stage1 == "averaged-sgd":
+            return K.NEVER, p.eta1, math.inf
+        return epoch_schedule(k, p.T1, p.eta1, p.rho)
+
+    def _start(self, state, k, bias):
+        T, eta, rho = self._schedule(k)
+        K.start_epoch(state["w"], state["c"], state["wsum"], state["last"], state["istate"], state["fstate"],
+                      T, eta, rho)
+        state["istate"][K.IS_EPOCH] = k
+        state["fstate"][K.FS_BIAS] = bias
+        return state
+
+    def init_path(self, n_features, path):
+        return self._start(K.new_state(n_features), 1, 0.0)
+
+    def init_global(self, n_features):
+        return {"w_hat": np.zeros(n_features), "b_hat": np.zeros(1), "epochs_done": np.zeros(1, np.int64),
+                "last_steps": np.zeros(1, np.int64), "stuck": np.zeros(1, np.int64)}
+
+    def warm_start(self, state, w, bias):
+        state["c"] = clip_to_l1_ball(_fit(np.asarray(w, np.float64), state["w"].shape[0]), self.params.l1_radius)
+        return self._start(state, int(state["istate"][K.IS_EPOCH]), float(bias))
+
+    def advance(self, state, indptr, indices, data, y, rows, start, pass_index):
+        p = self.params
+        work = np.empty(3 * state["w"].shape[0])
+        consumed, done = K.epoch_gd_block(
+            indptr, indices, data, y, rows[start:], state["w"], state["c"], state["wsum"], state["last"],
+            state["sumsq"], state["istate"], state["fstate"], work, p.l1_radius, STAGE1[p.stage1], p.eta1,
+            LOSS_CODES[p.loss], p.hinge_at_one, p.fit_bias, p.proj_tol, 100, 1)
+        return int(consumed), bool(done)
+
+    def summarize(self, state):
+        ist, fst = state["istate"], state["fstate"]
+        t = int(ist[K.IS_T])
+        avg = np.empty_like(state["w"])
+        K.running_average(state["w"], state["wsum"], state["last"], t, avg)
+        bavg = fst[K.FS_BSUM] / t if t else fst[K.FS_BIAS]
+        return {"avg": avg, "bavg": np.array([bavg]), "sumsq": state["sumsq"],
+                "count": ist[[K.IS_DONE, K.IS_STEPS, K.IS_NROWS, K.IS_NPROJ]].copy()}
+
+    def decide(self, total, gstate, n_paths):
+        p = self.params
+        g = {k: np.array(v, copy=True) for k, v in gstate.items()}
+        n = total["avg"].shape[0]
+        n_done, steps, nrows, nproj = (int(x) for x in total["count"])
+        progressed = steps != int(g["last_steps"][0])
+        g["last_steps"][0] = steps
+        sync = n_done == n_paths
+        if sync:
+            g["w_hat"] = clip_to_l1_ball(total["avg"] / n_paths, p.l1_radius)
+            g["b_hat"] = total["bavg"] / n_paths
+            g["epochs_done"][0] += 1
+            g["stuck"][0] = 0
+            w_hat, b_hat = g["w_hat"], g["b_hat"]
+        else:
+            g["stuck"][0] = 0 if progressed else 1
+            if g["epochs_done"][0] == 0:
+                w_hat, b_hat = total["avg"] / n_paths, total["bavg"] / n_paths
+            else:
+                w_hat, b_hat = _fit(g["w_hat"], n), g["b_hat"]
+        k = int(g["epochs_done"][0]) + 1
+        T, eta, rho = self._schedule(k)
+        s = total["sumsq"] / max(1, nrows)
+        decision = {"w_hat": w_hat, "b_hat": b_hat, "s": s, "sync": np.array([int(sync)]), "epoch": np.array([k])}
+        w, info = self._stage2(decision)
+        nnz = int(np.count_nonzero(w))
+        diag = {"nnz": nnz, "density": nnz / max(1, n), "epochs_done": int(g["epochs_done"][0]),
+                "next_T": float(T), "next_eta": eta, "next_rho": rho, "nnz_hat": int(np.count_nonzero(w_hat)),
+                "l1_hat": float(np.abs(w_hat).sum()), "K": int(info.get("K", 0)), "projections": nproj}
+        return decision, g, diag
+
+    def apply(self, state, decision):
+        if int(decision["sync"][0]):
+            state["c"] = np.array(decision["w_hat"], dtype=np.float64, copy=True)
+            state["w"] = np.empty_like(state["c"])
+            self._start(state, int(decision["epoch"][0]), float(decision["b_hat"][0]))
+        return state
+
+    def _stage2(self, decision):
+        p = self.params
+        w_hat = decision["w_hat"]
+        if not p.nnz and not p.epsilon:
+            return w_hat, {}
+        return sparsify_vector(w_hat, decision["s"], method=p.sparsify, nnz=p.nnz or None,
+                               epsilon=p.epsilon or None, delta=p.delta, seed=p.sparsify_seed,
+                               nnz_mode=p.nnz_mode)
+
+    def weights(self, decision):
+        return self._stage2(decision)[0], float(decision["b_hat"][0])
+
+    def finished(self, gstate):
+        if int(gstate["stuck"][0]):
+            return True
+        return bool(self.params.epochs) and int(gstate["epochs_done"][0]) >= self.params.epochs
