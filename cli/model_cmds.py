@@ -37,13 +37,14 @@ def load_config(path: Path | None, allowed: set) -> dict:
 
 def _hyper_names(algo: str) -> set:
     import dataclasses
+    import importlib
 
-    from pipeline.algorithms import registry
+    from pipeline.algorithms import ALGORITHMS
 
-    reg = registry()
-    if algo not in reg:
-        fail(f"unknown algorithm {algo!r}; choose one of {', '.join(sorted(reg))}", 2)
-    return {f.name for f in dataclasses.fields(reg[algo][1])}
+    if algo not in ALGORITHMS:
+        fail(f"unknown algorithm {algo!r}; choose one of {', '.join(sorted(ALGORITHMS))}", 2)
+    mod, _, params = ALGORITHMS[algo]
+    return {f.name for f in dataclasses.fields(getattr(importlib.import_module(mod), params))}
 
 
 @app.command(context_settings={"help_option_names": ["--help", "-h"]})
@@ -188,10 +189,10 @@ def _write_record(path: Path, history: list) -> None:
 
 
 def _all_hyper() -> set:
-    from pipeline.algorithms import registry
+    from pipeline.algorithms import ALGORITHMS
 
     names = set()
-    for a in registry():
+    for a in ALGORITHMS:
         names |= _hyper_names(a)
     return names
 

@@ -56,6 +56,39 @@ def _open(store_path: str, manifest_version: int):
     return st
 
 
+class BlockCache:
+    """Worker-local LRU cache of decoded training blocks, bounded in bytes (0 disables it).
+
+    Multi-pass training re-reads every block each pass; blocks that fit in the budget are decoded once per
+    worker process. The cache never changes results: blocks are immutable and keyed by store version.
+    """
+
+    def __init__(self):
+        from collections import OrderedDict
+
+        self.items = OrderedDict()
+        self.nbytes = 0
+
+    def get(self, key, loader, budget: int):
+        hit = self.items.get(key)
+        if hit is not None:
+            self.items.move_to_end(key)
+            return hit
+        value = loader()
+        size = sum(a.nbytes for a in value)
+        if size <= budget:
+            while self.nbytes + size > budget and self.items:
+                _, old = self.items.popitem(last=False)
+                self.nbytes -= sum(a.nbytes for a in old)
+            self.items[key] = value
+            self.nbytes += size
+        return value
+
+
+_CACHE = BlockCache()
+DEFAULT_CACHE_BYTES = 1 << 30
+
+
 @dataclass(frozen=True)
 class DataRef:
     """What a task needs to find the training blocks: store path, manifest version and the train keys."""
@@ -65,10 +98,14 @@ class DataRef:
     keys: tuple
     rows: tuple
     n_features: int
+    cache_bytes: int = DEFAULT_CACHE_BYTES
 
     def load(self, b: int):
-        blk = _open(self.store, self.version).block(self.keys[b])
-        return blk.indptr, blk.indices, blk.data, blk.y
+        def read():
+            blk = _open(self.store, self.version).block(self.keys[b])
+            return blk.indptr, blk.indices, blk.data, blk.y
+
+        return _CACHE.get((self.store, self.version, self.keys[b]), read, self.cache_bytes)
 
 
 # ------------------------------------------------------------------------------------- tasks
@@ -120,17 +157,26 @@ def advance_task(algo: Algorithm, state: dict, data: DataRef, spec: RunSpec, pat
             blocks_done += 1
         if stage_done or (spec.stage_blocks and blocks_done >= spec.stage_blocks):
             break
+    algo.end_stage(state)
     tim = state.get(TIMING, np.zeros(4))
     state[TIMING] = tim + np.array([t_copy, t_read, t_kernel, nnz], dtype=np.float64)
     return state
 
 
 def summarize_task(algo, state):
-    return algo.summarize(copy_state(state))
+    return algo.summarize(state)
 
 
 def apply_task(algo, state, decision):
-    return algo.apply(copy_state(state), decision)
+    return algo.apply(state, decision)
+
+
+def init_task(algo, n_features, path, warm):
+    s = algo.init_path(n_features, path)
+    s[CURSOR] = np.zeros(3, dtype=np.int64)
+    if warm is not None:
+        s = algo.warm_start(s, warm[0], warm[1])
+    return s
 
 
 def decide_task(algo, total, gstate, n_paths):
@@ -279,7 +325,8 @@ def _run_single(algo, states, gstate, data, spec, holdout, evaluate_every):
 def train(store_path: str, algo: Algorithm, *, passes: int, paths: int, seed: int = 0, client=None,
           init_states: list | None = None, init_gstate: dict | None = None, warm: tuple | None = None,
           placement: str = "paths", stage_blocks: int = 0, evaluate: bool = True, evaluate_every: int = 1,
-          max_density: float | None = None, progress=None) -> TrainResult:
+          max_density: float | None = None, cache_bytes: int = DEFAULT_CACHE_BYTES,
+          progress=None) -> TrainResult:
     """Train ``algo`` on the training blocks of the store for ``passes`` more passes over ``paths`` paths.
 
     ``init_states``/``init_gstate`` resume exactly (same paths); ``warm = (w, bias)`` warm-starts every path
@@ -300,23 +347,24 @@ def train(store_path: str, algo: Algorithm, *, passes: int, paths: int, seed: in
                          f"or re-ingest with a smaller --block-mb")
     version = st.manifest["manifest_version"]
     data = DataRef(st.path, version, tuple(e["key"] for e in train_entries),
-                   tuple(e["rows"] for e in train_entries), p)
+                   tuple(e["rows"] for e in train_entries), p, int(cache_bytes))
     holdout = (st.path, version, tuple(e["key"] for e in st.entries("holdout")), st.label_kind) if evaluate else None
     if init_states is not None:
         if len(init_states) != paths:
             raise ValueError(f"resume needs the same number of paths as the saved model ({len(init_states)})")
         states = [algo.resize(s, p) for s in init_states]
         gstate = init_gstate if init_gstate is not None else algo.init_global(p)
+        start_pass = min(int(s[CURSOR][0]) for s in states)
+        if client is not None and placement != "single":
+            states = client.scatter(states)
     else:
-        states = []
-        for m in range(paths):
-            s = algo.init_path(p, m)
-            s[CURSOR] = np.zeros(3, dtype=np.int64)
-            if warm is not None:
-                s = algo.warm_start(s, warm[0], warm[1])
-            states.append(s)
         gstate = algo.init_global(p)
-    start_pass = min(int(s[CURSOR][0]) for s in states)
+        start_pass = 0
+        if client is not None and placement != "single":
+            w_ref = client.scatter(warm, broadcast=True) if warm is not None else None
+            states = [client.submit(init_task, algo, p, m, w_ref, pure=False) for m in range(paths)]
+        else:
+            states = [init_task(algo, p, m, warm) for m in range(paths)]
     spec = RunSpec(seed=seed, n_paths=paths, end_pass=start_pass + passes, stage_blocks=stage_blocks,
                    max_density=max_density)
     t0 = time.time()

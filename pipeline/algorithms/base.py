@@ -68,7 +68,11 @@ class Algorithm:
         raise NotImplementedError
 
     # --- stage end ----------------------------------------------------------------------------
+    def end_stage(self, state: dict) -> None:
+        """In place, on the path's private copy at the end of ``advance`` (e.g. flush lazy truncation)."""
+
     def summarize(self, state: dict) -> dict:
+        """What this path contributes to the stage-end reduction. Must not modify ``state``."""
         raise NotImplementedError
 
     def combine(self, a: dict, b: dict) -> dict:
@@ -78,6 +82,7 @@ class Algorithm:
         raise NotImplementedError
 
     def apply(self, state: dict, decision: dict) -> dict:
+        """The path's next state: a NEW dict; must not modify ``state`` or ``decision`` (they may be shared)."""
         raise NotImplementedError
 
     def init_global(self, n_features: int) -> dict:

@@ -71,9 +71,11 @@ class TruncatedGradient(Algorithm):
                        p.gravity, int(p.K), p.theta, LOSS_CODES[p.loss], p.hinge_at_one, p.fit_bias)
         return rows.shape[0] - start, False
 
-    def summarize(self, state):
+    def end_stage(self, state):
         K.tg_flush(state["w"], state["Gl"], state["fstate"], self.params.theta)
-        return {"w": state["w"], "bias": state["fstate"][2:3].copy()}
+
+    def summarize(self, state):
+        return {"w": state["w"], "bias": state["fstate"][2:3]}
 
     def decide(self, total, gstate, n_paths):
         w = total["w"] / n_paths if n_paths > 1 else total["w"]
@@ -82,10 +84,8 @@ class TruncatedGradient(Algorithm):
         return {"w": w, "bias": bias}, gstate, {"nnz": nnz, "density": nnz / max(1, w.shape[0])}
 
     def apply(self, state, decision):
-        state["w"] = decision["w"].copy()
-        state["Gl"] = np.zeros_like(state["Gl"])
-        state["fstate"] = np.array([0.0, 1.0, float(decision["bias"][0])])
-        return state
+        # after the flush Gl == 0 and G == 0 on every path; w is shared (advance copies before mutating)
+        return {**state, "w": decision["w"], "fstate": np.array([0.0, 1.0, float(decision["bias"][0])])}
 
 
 class SGD(TruncatedGradient):

@@ -1,0 +1,75 @@
+"""Peers used as baselines (never by the library): Vowpal Wabbit (Python API) and scikit-learn."""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import numpy as np
+
+
+def libsvm_to_vw(src: Path, dst: Path) -> Path:
+    """LIBSVM 'y j:v ...' -> VW 'y | j:v ...' (feature names are the indices)."""
+    if dst.exists():
+        return dst
+    tmp = dst.with_suffix(".tmp")
+    with open(src, "rb") as f, open(tmp, "wb") as g:
+        for line in f:
+            lab, _, rest = line.partition(b" ")
+            lab = b"1" if float(lab) > 0 else b"-1"
+            g.write(lab + b" | " + rest if rest else lab + b" |\n")
+    tmp.rename(dst)
+    return dst
+
+
+def vw_train(vw_file: Path, workdir: Path, passes: int, l1: float, b: int = 24, lr: float | None = None,
+             loss: str = "logistic") -> dict:
+    """Train VW from its cache (the cache is built by a first, untimed run); returns timing and the model path."""
+    import vowpalwabbit
+
+    cache = workdir / (vw_file.name + ".cache")
+    model = workdir / f"vw_l1_{l1:g}.model"
+    readable = workdir / f"vw_l1_{l1:g}.txt"
+    base = f"--quiet --loss_function {loss} -b {b} --holdout_off --l1 {l1:g}" + (f" -l {lr:g}" if lr else "")
+    if not cache.exists():
+        vowpalwabbit.Workspace(f"-d {vw_file} -c --cache_file {cache} --passes 1 {base} --noop").finish()
+    t0 = time.perf_counter()
+    ws = vowpalwabbit.Workspace(f"-d {vw_file} -c --cache_file {cache} --passes {passes} {base} -f {model} "
+                                f"--readable_model {readable}")
+    ws.finish()
+    secs = time.perf_counter() - t0
+    import re
+
+    const = 11650396 % (1 << b)  # VW's constant (bias) feature slot
+    nnz_w = 0
+    pat = re.compile(r"^(\d+):(\S+)")
+    with open(readable) as f:
+        for line in f:
+            m = pat.match(line)
+            if m and int(m.group(1)) != const and float(m.group(2)) != 0.0:
+                nnz_w += 1
+    return {"seconds": secs, "model": str(model), "nnz_weights": nnz_w}
+
+
+def vw_predict(model: str, X, loss: str = "logistic") -> np.ndarray:
+    """Raw scores of a trained VW model on the rows of a scipy CSR matrix."""
+    import vowpalwabbit
+
+    ws = vowpalwabbit.Workspace(f"--quiet -t -i {model}")
+    out = np.empty(X.shape[0])
+    for i in range(X.shape[0]):
+        a, b = X.indptr[i], X.indptr[i + 1]
+        feats = " ".join(f"{j + 1}:{v:.7g}" for j, v in zip(X.indices[a:b], X.data[a:b]))
+        out[i] = ws.predict(f"| {feats}")
+    ws.finish()
+    # VW's logistic predict returns the raw margin unless --link logistic is given
+    return out
+
+
+def sklearn_sgd_l1(X, y, alpha: float, passes: int, seed: int = 0):
+    from sklearn.linear_model import SGDClassifier
+
+    clf = SGDClassifier(loss="log_loss", penalty="l1", alpha=alpha, max_iter=passes, tol=None, random_state=seed,
+                        learning_rate="optimal")
+    t0 = time.perf_counter()
+    clf.fit(X, y)
+    return clf, time.perf_counter() - t0
