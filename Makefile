@@ -30,6 +30,8 @@ demo: $(VENV)/.installed-test
 	$(BIN)/sparsepipe synth $(DEMO)/webspam_like.svm --rows 20000 --features 200000 --nnz-per-row 200 --seed 1
 	$(BIN)/sparsepipe ingest $(DEMO)/webspam_like.svm --out $(DEMO)/store.zarr --block-mb 2 --workers 2
 	$(BIN)/sparsepipe info $(DEMO)/store.zarr
+	$(BIN)/sparsepipe train $(DEMO)/store.zarr --out $(DEMO)/model.npz --config configs/demo.toml --workers 2
+	$(BIN)/sparsepipe evaluate $(DEMO)/model.npz $(DEMO)/store.zarr --split holdout
 
 bench: $(VENV)/.installed-bench
 	$(BIN)/python benchmarks/run_all.py
