@@ -11,7 +11,7 @@ import typer
 from cli.app import Progress, app, emit_json, fail, user_errors
 
 RUN_KEYS = {"algo", "passes", "paths", "seed", "workers", "scheduler", "placement", "stage_blocks", "max_density",
-            "record_path", "evaluate_every"}
+            "record_path", "evaluate_every", "shuffle_window"}
 # ablation switches: CLI flag -> (hyper-parameter, value); only for algorithms that have that parameter
 SWITCHES = {"no_informative": ("informative", False), "no_stability": ("stability", False)}
 
@@ -77,6 +77,9 @@ def train(
     record_path: Optional[Path] = typer.Option(None, help="Write (stage, pass, density, holdout metrics) after "
                                                           "every pass/stage to this JSON-lines file."),
     evaluate_every: Optional[int] = typer.Option(None, min=1, help="Evaluate on the holdout every N stages."),
+    shuffle_window: Optional[int] = typer.Option(None, min=1, help="Shuffle rows across this many consecutive "
+                                                                   "blocks of a path's order (default 4; guards "
+                                                                   "against label-sorted inputs)."),
     stage_blocks: Optional[int] = typer.Option(None, min=0, help="Multi-path algorithms: blocks per path per "
                                                                  "stage (0 = the algorithm's own stage length)."),
     no_informative: bool = typer.Option(False, "--no-informative", help="STSGD ablation: uniform TG "
@@ -97,7 +100,8 @@ def train(
                                  decay=decay, l2=l2, gravity=gravity, K=K, theta=theta, paths=paths,
                                  workers=workers, scheduler=scheduler, seed=seed, placement=placement,
                                  max_density=max_density, record_path=record_path, evaluate_every=evaluate_every,
-                                 stage_blocks=stage_blocks, fixed_gravity=fixed_gravity).items()
+                                 stage_blocks=stage_blocks, fixed_gravity=fixed_gravity,
+                                 shuffle_window=shuffle_window).items()
            if v is not None}
     name = cli.get("algo")
     if name is None and config is not None:
@@ -148,7 +152,8 @@ def train(
             model = fit(str(store), name, opts, passes=run.get("passes", 5), paths=n_paths, seed=run.get("seed", 0),
                         client=client, init_model=init, placement=run.get("placement", "paths"),
                         stage_blocks=run.get("stage_blocks", 0), max_density=run.get("max_density"),
-                        evaluate_every=run.get("evaluate_every", 1), progress=progress)
+                        evaluate_every=run.get("evaluate_every", 1),
+                        shuffle_window=run.get("shuffle_window", 4), progress=progress)
         bar.close()
         model.save(out)
         if run.get("record_path"):

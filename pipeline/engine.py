@@ -39,8 +39,19 @@ def path_blocks(seed: int, pass_index: int, path: int, n_paths: int, n_blocks: i
     return np.random.default_rng([seed, 2, pass_index, path]).permutation(n_blocks)
 
 
-def row_order(seed: int, pass_index: int, path: int, block: int, n_rows: int) -> np.ndarray:
-    return np.random.default_rng([seed, 3, pass_index, path, block]).permutation(n_rows).astype(np.int64)
+def row_order(seed: int, pass_index: int, path: int, block: int, n_rows: int, window: int = 1) -> np.ndarray:
+    key = [seed, 3, pass_index, path, block] + ([window] if window > 1 else [])
+    return np.random.default_rng(key).permutation(n_rows).astype(np.int64)
+
+
+def merge_blocks(parts: list):
+    """Concatenate CSR blocks (indptr, indices, data, y) row-wise (the shuffle window's group)."""
+    if len(parts) == 1:
+        return parts[0]
+    offs = np.cumsum([0] + [p[0][-1] for p in parts[:-1]])
+    indptr = np.concatenate([parts[0][0][:1]] + [p[0][1:] + o for p, o in zip(parts, offs)])
+    return (indptr, np.concatenate([p[1] for p in parts]), np.concatenate([p[2] for p in parts]),
+            np.concatenate([p[3] for p in parts]))
 
 
 # ------------------------------------------------------------------------------------- I/O
@@ -116,6 +127,7 @@ class RunSpec:
     n_paths: int
     end_pass: int  # exclusive: paths stop at this pass index
     stage_blocks: int = 0  # full mode: blocks per path per stage (0 = until the algorithm ends the stage)
+    window: int = 1  # shuffle window: rows are shuffled across this many consecutive blocks of the path order
     max_density: float | None = None  # stop before the aggregated model's density would exceed this
 
 
@@ -129,20 +141,22 @@ def advance_task(algo: Algorithm, state: dict, data: DataRef, spec: RunSpec, pat
     cur = state[CURSOR]
     n_blocks = len(data.keys)
     blocks_done = 0
+    W = max(1, spec.window)
     while cur[0] < spec.end_pass:
         order = path_blocks(spec.seed, int(cur[0]), path, spec.n_paths, n_blocks, algo.path_mode)
-        if cur[1] >= order.shape[0]:
+        if cur[1] * W >= order.shape[0]:
             cur[0] += 1
             cur[1] = 0
             cur[2] = 0
             if algo.path_mode == "split":
                 break  # parameter mixing: a stage is one pass
             continue
-        b = int(order[cur[1]])
+        group = order[cur[1] * W:(cur[1] + 1) * W]
+        b = int(group[0])
         t1 = time.perf_counter()
-        indptr, indices, data_, y = data.load(b)
+        indptr, indices, data_, y = merge_blocks([data.load(int(g)) for g in group])
         t2 = time.perf_counter()
-        rows = row_order(spec.seed, int(cur[0]), path, b, y.shape[0])
+        rows = row_order(spec.seed, int(cur[0]), path, b, y.shape[0], W)
         start = int(cur[2])
         consumed, stage_done = algo.advance(state, indptr, indices, data_, y, rows, start, int(cur[0]))
         t3 = time.perf_counter()
@@ -325,7 +339,7 @@ def _run_single(algo, states, gstate, data, spec, holdout, evaluate_every):
 def train(store_path: str, algo: Algorithm, *, passes: int, paths: int, seed: int = 0, client=None,
           init_states: list | None = None, init_gstate: dict | None = None, warm: tuple | None = None,
           placement: str = "paths", stage_blocks: int = 0, evaluate: bool = True, evaluate_every: int = 1,
-          max_density: float | None = None, cache_bytes: int = DEFAULT_CACHE_BYTES,
+          max_density: float | None = None, cache_bytes: int = DEFAULT_CACHE_BYTES, shuffle_window: int = 4,
           progress=None) -> TrainResult:
     """Train ``algo`` on the training blocks of the store for ``passes`` more passes over ``paths`` paths.
 
@@ -365,8 +379,10 @@ def train(store_path: str, algo: Algorithm, *, passes: int, paths: int, seed: in
             states = [client.submit(init_task, algo, p, m, w_ref, pure=False) for m in range(paths)]
         else:
             states = [init_task(algo, p, m, warm) for m in range(paths)]
+    if shuffle_window < 1:
+        raise ValueError(f"shuffle_window must be >= 1, got {shuffle_window}")
     spec = RunSpec(seed=seed, n_paths=paths, end_pass=start_pass + passes, stage_blocks=stage_blocks,
-                   max_density=max_density)
+                   max_density=max_density, window=shuffle_window)
     t0 = time.time()
     if client is None:
         states, gstate, decision, history = run_stages(LocalExec(), algo, states, gstate, data, spec, holdout,

@@ -10,7 +10,7 @@ from pipeline.model import Model
 def fit(store_path: str, algo: str = "tg", options: dict | None = None, *, passes: int = 5, paths: int = 1,
         seed: int = 0, client=None, init_model: Model | None = None, placement: str = "paths",
         stage_blocks: int = 0, evaluate: bool = True, max_density: float | None = None,
-        evaluate_every: int = 1, progress=None) -> Model:
+        evaluate_every: int = 1, shuffle_window: int = 4, progress=None) -> Model:
     """Train and return the aggregated sparse model (optimiser state included for warm start/resume).
 
     With ``init_model`` of the same algorithm, hyper-parameters and number of paths, training resumes
@@ -27,7 +27,8 @@ def fit(store_path: str, algo: str = "tg", options: dict | None = None, *, passe
     if init_model is not None:
         same = (init_model.algorithm == algo and init_model.meta.get("hyper") == _jsonable(algorithm.hyper())
                 and init_model.states is not None and len(init_model.states) == paths
-                and init_model.meta.get("seed") == seed)
+                and init_model.meta.get("seed") == seed
+                and init_model.meta.get("shuffle_window", 4) == shuffle_window)
         if same:
             init_states, init_gstate, resumed = init_model.states, init_model.gstate, True
         else:
@@ -36,13 +37,13 @@ def fit(store_path: str, algo: str = "tg", options: dict | None = None, *, passe
     res = train(st.path, algorithm, passes=passes, paths=paths, seed=seed, client=client,
                 init_states=init_states, init_gstate=init_gstate, warm=warm, placement=placement,
                 stage_blocks=stage_blocks, evaluate=evaluate, evaluate_every=evaluate_every,
-                max_density=max_density, progress=progress)
+                max_density=max_density, shuffle_window=shuffle_window, progress=progress)
     total_passes = int(min(s["cursor"][0] for s in res.states))
     last = next((h for h in reversed(res.history) if h.get("holdout")), {})
     meta = {
         "algorithm": algo, "hyper": _jsonable(algorithm.hyper()), "shared_keys": list(algorithm.shared_keys),
         "seed": seed, "paths": paths, "passes": total_passes, "label_kind": st.label_kind,
-        "max_density": max_density,
+        "max_density": max_density, "shuffle_window": shuffle_window,
         "stopped": next((h["stopped"] for h in res.history if "stopped" in h), None),
         "provenance": {"store": st.path, "store_id": st.manifest["store_id"],
                        "manifest_version": st.manifest["manifest_version"], "n_rows": st.n_rows,

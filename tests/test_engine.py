@@ -92,7 +92,7 @@ def test_parameter_mixing_equals_hand_computed_average(store):
         K.tg_flush(w, Gl, fst, np.inf)
         ws.append(w)
         bs.append(fst[2])
-    model = fit(store, "tg", opts, passes=1, paths=2, seed=11, client=None, evaluate=False)
+    model = fit(store, "tg", opts, passes=1, paths=2, seed=11, client=None, evaluate=False, shuffle_window=1)
     np.testing.assert_array_equal(model.dense_weights(), (ws[0] + ws[1]) / 2)
     assert model.bias == (bs[0] + bs[1]) / 2 and algo.name == "tg"
 
@@ -163,3 +163,18 @@ def test_real_subprocess_reports_bad_store_cleanly(tmp_path):
     r = subprocess.run([sys.executable, "-m", "cli.main", "train", str(tmp_path / "nope"), "--out",
                         str(tmp_path / "m.npz"), "--workers", "1"], capture_output=True, text=True)
     assert r.returncode == 1 and "nope" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_shuffle_window_visits_every_row_once_and_fixes_label_sorted_files(tmp_path, client):
+    """SVMlight example 1 is sorted by label: single-class blocks bias a block-shuffled learner."""
+    out = tmp_path / "sorted.zarr"
+    ingest([str(data_file("svmlight_example1/train.dat"))], str(out), IngestOptions(block_mb=0.05, holdout=0.2),
+           client=client)
+    st = open_store(out)
+    train_nnz = sum(e["nnz"] for e in st.entries("train"))
+    errs = {}
+    for w in (1, 8):
+        m = fit(str(out), "sgd", {"eta": 1.0}, passes=4, paths=1, client=None, shuffle_window=w)
+        assert m.meta["provenance"]["timing"]["nnz_processed"] == 4 * train_nnz
+        errs[w] = m.meta["holdout"]["error"]
+    assert errs[8] < errs[1]

@@ -46,6 +46,8 @@ class TwoStageParams:
     T1: int = 1000                  # steps per path in the first epoch
     rho1: float = 0.0               # 0: rho1 = l1_radius
     epochs: int = 0                 # stop after this many epochs (0: as many as the passes allow)
+    budget: int = 0                 # total steps per path, T of §3 (0: the passes); Epoch-GD runs the epochs
+                                    # that fit (Σ T_k ≤ budget), averaged-sgd stops after budget steps
     sparsify: str = "dd"            # dd | mg
     nnz: int = 0                    # target support size (0: not used)
     epsilon: float = 0.0            # excess-risk target of (TS-9) (0: not used)
@@ -69,6 +71,8 @@ class TwoStageParams:
             raise ValueError(f"T1 must be >= 1, got {self.T1!r}")
         if math.isnan(self.rho1) or self.rho1 < 0:
             raise ValueError(f"rho1 must be >= 0 (0: l1_radius; inf allowed), got {self.rho1!r}")
+        if self.budget < 0:
+            raise ValueError(f"budget must be >= 0, got {self.budget!r}")
         if self.epochs < 0:
             raise ValueError(f"epochs must be >= 0, got {self.epochs!r}")
         if self.sparsify not in METHODS:
@@ -111,7 +115,7 @@ class TwoStage(Algorithm):
     def _schedule(self, k):
         p = self.params
         if p.stage1 == "averaged-sgd":
-            return K.NEVER, p.eta1, math.inf
+            return (p.budget or K.NEVER), p.eta1, math.inf
         return epoch_schedule(k, p.T1, p.eta1, p.rho)
 
     def _start(self, state, k, bias):
@@ -123,7 +127,9 @@ class TwoStage(Algorithm):
         return state
 
     def init_path(self, n_features, path):
-        return self._start(K.new_state(n_features), 1, 0.0)
+        st = K.new_state(n_features)
+        st["istate"][K.IS_BUDGET] = self.params.budget
+        return self._start(st, 1, 0.0)
 
     def init_global(self, n_features):
         return {"w_hat": np.zeros(n_features), "b_hat": np.zeros(1), "epochs_done": np.zeros(1, np.int64),
@@ -202,6 +208,12 @@ class TwoStage(Algorithm):
         return self._stage2(decision)[0], float(decision["b_hat"][0])
 
     def finished(self, gstate):
-        if int(gstate["stuck"][0]):
+        p = self.params
+        done = int(gstate["epochs_done"][0])
+        if int(gstate["stuck"][0]) or (p.epochs and done >= p.epochs):
             return True
-        return bool(self.params.epochs) and int(gstate["epochs_done"][0]) >= self.params.epochs
+        if p.budget and done:
+            if p.stage1 == "averaged-sgd":
+                return True
+            return p.T1 * (2 ** (done + 1) - 1) > p.budget  # the next epoch would not fit: Σ_{i≤k+1} T_i > T
+        return False

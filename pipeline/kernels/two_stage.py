@@ -35,6 +35,7 @@ IS_STEPS = 3   # total steps of this path
 IS_NPROJ = 4   # dense projections done
 IS_NROWS = 5   # rows accumulated into sumsq
 IS_EPOCH = 6   # epoch index k (1-based)
+IS_BUDGET = 7  # total steps allowed on this path (0: unlimited); a path stops (epoch done) when reached
 N_IS = 8
 
 FS_ETA = 0     # η_k (MODE_SGD: η1)
@@ -179,7 +180,7 @@ def epoch_gd_block(indptr, indices, data, y, rows, w, c, wsum, last, sumsq, ista
                 nproj += 1
         t += 1
         consumed += 1
-        if t >= T:
+        if t >= T or steps == istate[IS_BUDGET]:
             flush_sum(w, wsum, last, t + 1)
             done = True
             break

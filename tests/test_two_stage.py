@@ -1,0 +1,152 @@
+"""Two-stage sparse learning (ALGORITHMS.md §3, §7 items 11-13): Epoch-GD schedule and feasibility, the L1∩L2
+projection's KKT certificate, randomized sparsification, determinism, resume, regression end to end."""
+import json
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from benchmarks.two_stage import make_store, regression_data
+from cli.main import app
+from pipeline.algorithms import make_algorithm
+from pipeline.algorithms.two_stage import epoch_schedule
+from pipeline.kernels import two_stage as K
+from pipeline.kernels.projection import l1l2_kkt_residual, project_l1_l2
+from pipeline.model import load_model
+from pipeline.sparsify import bound_constant, draws_for_epsilon, sparsify_vector
+from pipeline.train import fit
+from tests.test_engine import same_model
+
+OPTS = {"l1_radius": 30.0, "eta1": 0.01, "T1": 150}
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory, client):
+    path, truth = make_store(tmp_path_factory.mktemp("ts"), "r", 3000, 40, 8, seed=1, client=client)
+    return path
+
+
+def test_epoch_schedule_values():
+    for k in range(1, 8):
+        T, eta, rho = epoch_schedule(k, 100, 0.4, 8.0)
+        assert T == 100 * 2 ** (k - 1) and eta == pytest.approx(0.4 / 2 ** (k - 1))
+        assert rho == pytest.approx(8.0 / np.sqrt(2) ** (k - 1))
+
+
+def test_every_iterate_feasible_and_centre_is_the_epoch_average():
+    """Row by row through the algorithm hooks: each iterate lies in the L1∩L2 domain of its epoch, equals the
+    dense reference Π_k(w − η_k ℓ' x) and the next centre is the average of w_1..w_{T_k}; the schedule advances."""
+    indptr, indices, data, y, _ = regression_data(700, 12, 5, seed=4)
+    B, T1, eta1 = 2.0, 40, 0.05
+    algo = make_algorithm("two-stage", {"l1_radius": B, "rho1": 1.0, "T1": T1, "eta1": eta1, "fit_bias": False})
+    st = algo.init_path(12, 0)
+    g = algo.init_global(12)
+    r, n_proj = 0, 0
+    for k in range(1, 4):
+        T, eta, rho = epoch_schedule(k, T1, eta1, 1.0)
+        assert st["istate"][K.IS_TK] == T and st["fstate"][K.FS_ETA] == eta and st["fstate"][K.FS_RHO] == rho
+        c = st["c"].copy()
+        iterates = [st["w"].copy()]
+        for t in range(T):
+            x = np.zeros(12)
+            x[indices[indptr[r]:indptr[r + 1]]] = data[indptr[r]:indptr[r + 1]]
+            ref = project_l1_l2(iterates[-1] - eta * (iterates[-1] @ x - y[r]) * x, B, c, rho)
+            consumed, done = algo.advance(st, indptr, indices, data, y, np.array([r]), 0, 0)
+            r += 1
+            w = st["w"]
+            assert consumed == 1 and done == (t == T - 1)
+            assert np.abs(w).sum() <= B * (1 + 1e-9) and np.linalg.norm(w - c) <= rho * (1 + 1e-9)
+            np.testing.assert_allclose(w, ref, atol=1e-9)
+            iterates.append(w.copy())
+        assert algo.advance(st, indptr, indices, data, y, np.array([r]), 0, 0) == (0, True)  # waits
+        n_proj = st["istate"][K.IS_NPROJ]
+        dec, g, diag = algo.decide(algo.summarize({k2: v.copy() for k2, v in st.items()}), g, 1)
+        np.testing.assert_allclose(dec["w_hat"], np.mean(iterates[:-1], axis=0), atol=1e-12)
+        st = algo.apply(st, dec)
+        np.testing.assert_array_equal(st["c"], dec["w_hat"])
+        assert diag["epochs_done"] == k
+    assert n_proj > 20  # the constraints did bind
+
+
+def test_kkt_of_the_l1_l2_projection_inside_epoch_gd():
+    rng = np.random.default_rng(0)
+    statuses = set()
+    for _ in range(60):
+        n = int(rng.integers(5, 60))
+        c = rng.normal(size=n)
+        B = float(np.abs(c).sum()) * rng.uniform(1.0, 1.5)
+        v = c + rng.normal(size=n) * rng.uniform(0.1, 3)
+        rho = float(rng.uniform(0.05, 2.0))
+        w, mu, lam, status = project_l1_l2(v, B, c, rho, return_multipliers=True)
+        statuses.add(status)
+        res = l1l2_kkt_residual(v, B, c, rho, w, mu, lam)
+        scale = 1 + np.abs(v).max()
+        assert res["l1_violation"] <= 1e-9 * B and res["ball_violation"] <= 1e-9 * rho
+        assert res["dual_negative"] == 0 and res["stationarity"] <= 1e-6 * scale * (1 + mu)
+        assert res["off_support"] <= 1e-6 * scale * (1 + mu)
+        np.testing.assert_allclose(project_l1_l2(w, B, c, rho), w, atol=1e-9)  # idempotent
+    assert {1, 2, 3} <= statuses  # L1 only, ball only, both active
+
+
+def test_sparsifier_unbiased_sparse_and_bounds():
+    rng = np.random.default_rng(1)
+    w = rng.normal(size=30) * (rng.random(30) < 0.7)
+    s = np.exp(rng.uniform(-3, 3, 30))
+    assert bound_constant(w, s, "dd") <= bound_constant(w, s, "mg")
+    assert bound_constant(w, np.full(30, 2.0), "dd") == pytest.approx(bound_constant(w, np.full(30, 2.0), "mg"))
+    for method in ("dd", "mg"):
+        K_, reps = 12, 4000
+        draws = np.array([sparsify_vector(w, s, method=method, draws=K_, seed=i)[0] for i in range(reps)])
+        assert (np.count_nonzero(draws, axis=1) <= K_).all()
+        sd = draws.std(axis=0) / np.sqrt(reps)
+        assert np.all(np.abs(draws.mean(axis=0) - w) <= 5 * sd + 1e-12)
+        err = np.mean(np.sum(s * (draws - w) ** 2, axis=1))
+        assert err <= bound_constant(w, s, method) / K_ * 1.05
+    a, info = sparsify_vector(w, s, nnz=7, nnz_mode="distinct", seed=3)
+    assert np.count_nonzero(a) == 7 == info["nnz"]
+    b, _ = sparsify_vector(w, s, nnz=7, nnz_mode="distinct", seed=3)
+    np.testing.assert_array_equal(a, b)
+    _, info = sparsify_vector(w, s, epsilon=0.5, delta=0.2)
+    assert info["K"] == draws_for_epsilon(w, s, 0.5, 0.2, "dd") == int(np.ceil(bound_constant(w, s, "dd") / 0.1))
+
+
+def test_one_or_two_workers_bit_identical(store, client):
+    from distributed import Client, LocalCluster
+
+    opts = {**OPTS, "nnz": 15}
+    ref = fit(store, "two-stage", opts, passes=2, paths=2, seed=5, client=client)
+    with LocalCluster(n_workers=1, threads_per_worker=1, host="127.0.0.1", dashboard_address="127.0.0.1:0",
+                      silence_logs=40) as cl, Client(cl) as one:
+        m1 = fit(store, "two-stage", opts, passes=2, paths=2, seed=5, client=one)
+    assert same_model(ref, m1) and 0 < ref.nnz <= 15
+    assert ref.meta["history"][-1]["epochs_done"] >= 2
+
+
+def test_resume_equals_continuous(store, tmp_path, client):
+    full = fit(store, "two-stage", OPTS, passes=3, paths=2, seed=2, client=client)
+    part = fit(store, "two-stage", OPTS, passes=1, paths=2, seed=2, client=client)
+    part.save(tmp_path / "m.npz")
+    back = fit(store, "two-stage", OPTS, passes=2, paths=2, seed=2, client=client,
+               init_model=load_model(tmp_path / "m.npz"))
+    assert back.meta["provenance"]["resumed"] and same_model(full, back)
+    np.testing.assert_array_equal(full.gstate["w_hat"], back.gstate["w_hat"])
+
+
+def test_regression_end_to_end_cli(store, tmp_path):
+    run = CliRunner().invoke
+    r = run(app, ["train", store, "--out", str(tmp_path / "m.npz"), "--algo", "two-stage", "--passes", "2",
+                  "--workers", "1", "--set", "l1_radius=30", "--set", "eta1=0.01", "--set", "T1=150", "--json"])
+    assert r.exit_code == 0, r.output
+    ev = json.loads(run(app, ["evaluate", str(tmp_path / "m.npz"), store, "--json"]).stdout)
+    y = np.concatenate([b.y for b in __import__("pipeline.store.reader", fromlist=["x"]).open_store(store)
+                        .blocks("holdout")])
+    assert "rmse" in ev and "error" not in ev and ev["rmse"] < 0.8 * y.std()
+    for method in ("dd", "mg"):
+        r = run(app, ["sparsify", str(tmp_path / "m.npz"), "--store", store, "--nnz", "10", "--method", method,
+                      "--out", str(tmp_path / f"s_{method}.npz"), "--json"])
+        assert r.exit_code == 0, r.output
+        sm = load_model(tmp_path / f"s_{method}.npz")
+        assert sm.nnz <= 10 and sm.meta["sparsify"]["method"] == method and sm.meta["sparsify"]["K"] == 10
+        assert sm.meta["sparsify"]["source"] == "stage-1 output w_hat"
+    r = run(app, ["sparsify", str(tmp_path / "m.npz"), "--store", store, "--out", str(tmp_path / "x.npz")])
+    assert r.exit_code == 2 and "exactly one" in r.output
