@@ -40,13 +40,17 @@ def vw_train(vw_file: Path, workdir: Path, passes: int, l1: float, b: int = 24, 
     import re
 
     const = 11650396 % (1 << b)  # VW's constant (bias) feature slot
-    nnz_w = 0
     pat = re.compile(r"^(\d+):(\S+)")
+    weights, l1_state = [], 0.0
     with open(readable) as f:
         for line in f:
+            if line.startswith("l1_state"):
+                l1_state = float(line.split()[1])
             m = pat.match(line)
-            if m and int(m.group(1)) != const and float(m.group(2)) != 0.0:
-                nnz_w += 1
+            if m and int(m.group(1)) != const:
+                weights.append(float(m.group(2)))
+    # VW applies --l1 lazily: predictions use sign(w)·max(|w| − l1_state, 0); saved weights are raw
+    nnz_w = int(np.count_nonzero(np.abs(np.asarray(weights)) > l1_state))
     return {"seconds": secs, "model": str(model), "nnz_weights": nnz_w}
 
 

@@ -125,11 +125,11 @@ def accuracy(args, client):
         for f in d.glob(f"{name}_train.vw.cache"):
             pass
         vw_runs = []
-        for l1 in (1e-7, 1e-6, 1e-5, 3e-5, 1e-4):
+        for l1 in (1e-8, 1e-7, 1e-6, 3e-6, 1e-5, 3e-5):
             r = vw_train(vw_file, d, args.passes_acc, l1, b=18)
             vw_runs.append((l1, _err(vw_predict(r["model"], Xte), yte), r["nnz_weights"] / p))
         tg_runs = []
-        for g in (0.0, 1e-5, 3e-5, 1e-4, 3e-4, 1e-3):
+        for g in (0.0, 1e-6, 3e-6, 1e-5, 3e-5, 1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2):
             m = fit(store, "tg", {"eta": 0.5, "gravity": g}, passes=args.passes_acc, paths=1, client=None, evaluate=False)
             Xe = Xte[:, : m.n_features] if Xte.shape[1] > m.n_features else Xte
             tg_runs.append((g, _err(Model.decision_function(m, Xe), yte), m.nnz / p))

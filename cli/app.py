@@ -17,17 +17,9 @@ def fail(msg: str, code: int = 1):
 
 
 def emit_json(obj) -> None:
+    from pipeline.model import _json_default
+
     typer.echo(json.dumps(obj, indent=1, default=_json_default))
-
-
-def _json_default(o):
-    import numpy as np
-
-    if isinstance(o, np.generic):
-        return o.item()
-    if isinstance(o, np.ndarray):
-        return o.tolist()
-    raise TypeError(type(o).__name__)
 
 
 class Progress:
@@ -63,3 +55,13 @@ def user_errors():
     return (IngestError, StoreError, ModelError, ValueError, FileNotFoundError)
 
 
+
+
+def run_reporting(bar: Progress, fn):
+    """Run ``fn()``; a user error becomes one 'error: ...' line and exit code 1; the bar is always closed."""
+    try:
+        return fn()
+    except user_errors() as e:
+        fail(str(e))
+    finally:
+        bar.close()

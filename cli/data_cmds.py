@@ -6,7 +6,7 @@ from typing import List, Optional
 
 import typer
 
-from cli.app import Progress, user_errors, app, emit_json, fail
+from cli.app import Progress, app, emit_json, fail, run_reporting, user_errors
 
 @app.command()
 def ingest(
@@ -46,13 +46,8 @@ def ingest(
             bar.bar.update(bar.task, total=total)
         bar.update(done, f"{done / 1e6:,.0f}/{total / 1e6:,.0f} MB  {rows:,} rows")
 
-    try:
-        summary = run_ingest(inputs, str(out), opts, append=append, workers=workers, scheduler=scheduler,
-                             progress=progress)
-    except user_errors() as e:
-        bar.close()
-        fail(str(e))
-    bar.close()
+    summary = run_reporting(bar, lambda: run_ingest(inputs, str(out), opts, append=append, workers=workers,
+                                                    scheduler=scheduler, progress=progress))
     if as_json:
         emit_json(summary)
     else:
@@ -109,13 +104,9 @@ def synth(
     from pipeline.synth import synth as run_synth
 
     bar = Progress("synth", rows, "rows")
-    try:
-        s = run_synth(str(out), rows=rows, features=features, nnz_per_row=nnz_per_row, seed=seed,
-                      progress=lambda b, r: bar.update(r, f"{b / 1e6:,.0f} MB"), workers=workers)
-    except user_errors() as e:
-        bar.close()
-        fail(str(e))
-    bar.close()
+    s = run_reporting(bar, lambda: run_synth(str(out), rows=rows, features=features, nnz_per_row=nnz_per_row,
+                                             seed=seed, progress=lambda b, r: bar.update(r, f"{b / 1e6:,.0f} MB"),
+                                             workers=workers))
     if as_json:
         emit_json(s)
     else:
