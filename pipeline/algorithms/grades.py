@@ -82,10 +82,7 @@ class GraDes(Algorithm):
         return {"w": w, "bias": np.zeros(1)}, gstate, nnz_diag(w, psi=psi)
 
     def apply(self, state, decision):
-        state["w"] = decision["w"].copy()
-        state["g"] = np.zeros_like(state["g"])
-        state["fstate"] = np.zeros(1)
-        return state
+        return {**state, "w": decision["w"], "g": np.zeros_like(state["g"]), "fstate": np.zeros(1)}
 
     def finished(self, gstate):
         psi = np.asarray(gstate.get("psi", np.zeros(0)))

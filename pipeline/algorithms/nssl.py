@@ -92,19 +92,19 @@ class NSSL(Algorithm):
 
     def summarize(self, state):
         return {"w": state["w"], "stopped": state["stopped"].astype(np.float64),
-                "updates": state["istate"][:1].astype(np.float64)}
+                "updates": state["istate"][:1].astype(np.float64)}  # w shared read-only (advance copies)
 
     def decide(self, total, gstate, n_paths):
         w = path_mean(total["w"], n_paths)
         gstate = dict(gstate)
         gstate["stopped"] = np.array([1 if total["stopped"][0] > 0 else 0], dtype=np.int64)
         return ({"w": w, "bias": np.zeros(1)}, gstate,
-                nnz_diag(w, updates=float(total["updates"][0]), stopped=float(gstate["stopped"][0])))
+                nnz_diag(w, updates=float(total["updates"][0]), bound_hit=float(gstate["stopped"][0])))
 
     def apply(self, state, decision):
-        state["w"] = decision["w"].copy()
-        state["istate"][1] = np.count_nonzero(state["w"])
-        return state
+        istate = state["istate"].copy()
+        istate[1] = np.count_nonzero(decision["w"])
+        return {**state, "w": decision["w"], "istate": istate}
 
     def init_global(self, n_features):
         return {"stopped": np.zeros(1, dtype=np.int64)}

@@ -64,7 +64,7 @@ class RDA(Algorithm):
         return rows.shape[0] - start, False
 
     def summarize(self, state):
-        return {"G": state["G"], "t": state["istate"].copy(), "Gb": state["fstate"].copy()}
+        return {"G": state["G"], "t": state["istate"], "Gb": state["fstate"]}
 
     def decide(self, total, gstate, n_paths):
         k = n_paths - 1
@@ -80,7 +80,4 @@ class RDA(Algorithm):
             nnz_diag(w, t=float(t))
 
     def apply(self, state, decision):
-        state["G"] = decision["G"].copy()
-        state["istate"] = decision["t"].copy()
-        state["fstate"] = decision["Gb"].copy()
-        return state
+        return {**state, "G": decision["G"].copy(), "istate": decision["t"].copy(), "fstate": decision["Gb"].copy()}

@@ -2,13 +2,14 @@
 
 Column access, out of core — how it is provided: the engine streams *row* blocks, so every pass (= one
 stage, one path, ``path_mode = "split"``) ``advance`` only collects the training blocks it is handed into
-private ``_blk*`` keys of the path state (never saved: the model file skips "_" keys). At the stage end
-(``summarize``, on the path's worker, once the whole training set has been seen) the blocks are put in a
-canonical order (sorted by a content hash, so the row order does not depend on the pass's block
-permutation), stacked and converted to an in-memory CSC copy (cached per process, keyed by the hashes);
-then ``scan`` × d coordinate steps run on it. So SCD needs the *training set* to fit in memory as CSC
-(one copy of the non-zeros); it is meant for the real sets of the study, not for webspam-scale stores.
-An out-of-memory variant would write a transposed column-block store once and stream column blocks.
+private ``_blk*`` keys of the path's private copy. In ``end_stage`` (same task, once the whole training set
+has been seen) the rows are stacked, put in a canonical order (sorted by a content hash, so the row order does not
+depend on the pass's block order or the engine's grouping) and converted to an in-memory CSC copy (cached per
+process, keyed by the hashes), ``scan`` × d coordinate steps run on it, and the collected blocks are dropped
+from the state (they never travel or get saved). So SCD needs the *training set* to fit in memory as CSC
+(one copy of the non-zeros): it is meant for the real sets of the study, not for webspam-scale stores. An
+out-of-memory variant would write a transposed column-block store once and stream column blocks (an engine
+"column pass" would be the engine change).
 
 State (all saved, so resume is exact): ``w``, the cached margins ``z = Xw`` (canonical row order), the scan
 counter (the coordinate draws of scan k come from ``default_rng([seed, k])``). No bias (as in the paper).
@@ -49,25 +50,32 @@ class SCDParams:
             raise ValueError(f"scan must be finite and > 0, got {self.scan!r}")
 
 
-def block_hash(indptr, indices, data, y) -> str:
-    h = hashlib.blake2b(digest_size=16)
-    for a in (indptr, indices, data, y):
-        h.update(np.ascontiguousarray(a).tobytes())
-    return h.hexdigest()
-
-
 def column_copy(blocks: list, n_features: int):
-    """CSC (indptr, row indices, values, y) of the training rows, blocks in canonical (hash) order."""
-    blocks = sorted(blocks, key=lambda b: b[0])
-    key = (n_features,) + tuple(b[0] for b in blocks)
+    """CSC (indptr, row indices, values, y) of the collected training rows in canonical order.
+
+    ``blocks`` are (indptr, indices, data, y) as the engine handed them (its grouping and order change from
+    pass to pass), so rows are sorted by a hash of their content (indices, values, label): the row order,
+    and so the cached margins z, do not depend on the pass. Rows with equal hashes are identical (x, y),
+    hence interchangeable. Cached per process (LRU of 2), keyed by the digest of the sorted row hashes.
+    """
+    X = sp.vstack([sp.csr_matrix((b[2], b[1], b[0]), shape=(b[0].shape[0] - 1, n_features)) for b in blocks],
+                  format="csr")
+    y = np.concatenate([b[3] for b in blocks]).astype(np.float64)
+    keys = []
+    for i in range(X.shape[0]):
+        lo, hi = X.indptr[i], X.indptr[i + 1]
+        h = hashlib.blake2b(X.indices[lo:hi].astype(np.int64).tobytes(), digest_size=16)
+        h.update(X.data[lo:hi].astype(np.float64).tobytes())
+        h.update(y[i:i + 1].tobytes())
+        keys.append(h.digest())
+    order = np.array(sorted(range(len(keys)), key=keys.__getitem__), dtype=np.int64)
+    key = (n_features, hashlib.blake2b(b"".join(sorted(keys))).hexdigest())
     if key in _CSC_CACHE:
         _CSC_CACHE.move_to_end(key)
         return _CSC_CACHE[key]
-    X = sp.vstack([sp.csr_matrix((b[3], b[2], b[1]), shape=(b[1].shape[0] - 1, n_features)) for b in blocks],
-                  format="csr").astype(np.float64).tocsc()
-    X.sort_indices()
-    y = np.concatenate([b[4] for b in blocks]).astype(np.float64)
-    out = (X.indptr.astype(np.int64), X.indices.astype(np.int64), X.data, y)
+    C = X[order].astype(np.float64).tocsc()
+    C.sort_indices()
+    out = (C.indptr.astype(np.int64), C.indices.astype(np.int64), C.data, y[order])
     _CSC_CACHE[key] = out
     while len(_CSC_CACHE) > 2:
         _CSC_CACHE.popitem(last=False)
@@ -87,7 +95,8 @@ class SCD(Algorithm):
     def init_path(self, n_features, path):
         if path > 0:
             raise ValueError("--algo scd runs on one path (use --paths 1)")
-        return {"w": np.zeros(n_features), "z": np.zeros(0), "istate": np.zeros(2, dtype=np.int64)}
+        return {"w": np.zeros(n_features), "z": np.zeros(0), "istate": np.zeros(2, dtype=np.int64),
+                "objective": np.zeros(1)}
 
     def warm_start(self, state, w, bias):
         n = min(len(w), state["w"].shape[0])
@@ -97,41 +106,40 @@ class SCD(Algorithm):
 
     def advance(self, state, indptr, indices, data, y, rows, start, pass_index):
         k = int(state["istate"][1])
-        h = block_hash(indptr, indices, data, y)
-        for name, a in (("h", np.frombuffer(h.encode(), dtype=np.uint8)), ("indptr", indptr), ("indices", indices),
-                        ("data", data), ("y", y)):
+        for name, a in (("indptr", indptr), ("indices", indices), ("data", data), ("y", y)):
             state[f"_blk{k}_{name}"] = np.asarray(a)
         state["istate"][1] = k + 1
         return rows.shape[0] - start, False
 
-    def summarize(self, state):
+    def end_stage(self, state):
+        """The stage's scan, on the path's private copy once all training blocks of the pass are collected."""
         n_blk = int(state["istate"][1])
-        blocks = [(bytes(state[f"_blk{k}_h"]).decode(),) + tuple(state[f"_blk{k}_{n}"] for n in
-                  ("indptr", "indices", "data", "y")) for k in range(n_blk)]
-        w = state["w"].copy()
+        blocks = [tuple(state.pop(f"_blk{k}_{n}") for n in ("indptr", "indices", "data", "y")) for k in range(n_blk)]
+        state["istate"][1] = 0
+        if not blocks:
+            return
+        w = state["w"]
         cindptr, rowidx, cdata, y = column_copy(blocks, w.shape[0])
         m = y.shape[0]
-        z = state["z"].copy() if state["z"].shape[0] == m else margins(cindptr, rowidx, cdata, w, m)
+        if state["z"].shape[0] != m:
+            state["z"] = margins(cindptr, rowidx, cdata, w, m)
         scan = int(state["istate"][0])
         d = w.shape[0]
         coords = np.random.default_rng([self.params.seed, scan]).integers(0, d, size=max(1, round(self.params.scan * d)))
         code = LOSS_CODES[self.params.loss]
-        K.scd_steps(cindptr, rowidx, cdata, y, z, w, coords.astype(np.int64), BETA[self.params.loss],
+        K.scd_steps(cindptr, rowidx, cdata, y, state["z"], w, coords.astype(np.int64), BETA[self.params.loss],
                     self.params.lam, code)
-        obj = K.mean_loss(z, y, code) + self.params.lam * float(np.abs(w).sum())
-        return {"w": w, "z": z, "scan": np.array([scan + 1.0]), "objective": np.array([obj])}
+        state["istate"][0] = scan + 1
+        state["objective"] = np.array([K.mean_loss(state["z"], y, code) + self.params.lam * float(np.abs(w).sum())])
+
+    def summarize(self, state):
+        return {"w": state["w"], "objective": state["objective"]}
 
     def decide(self, total, gstate, n_paths):
         if n_paths != 1:
             raise ValueError("--algo scd runs on one path (use --paths 1)")
-        dec = dict(total, bias=np.zeros(1))
-        return dec, gstate, nnz_diag(total["w"], objective=float(total["objective"][0]))
+        return ({"w": total["w"], "bias": np.zeros(1)}, gstate,
+                nnz_diag(total["w"], objective=float(total["objective"][0])))
 
     def apply(self, state, decision):
-        for k in [k for k in state if k.startswith("_blk")]:
-            del state[k]
-        state["w"] = decision["w"].copy()
-        state["z"] = decision["z"].copy()
-        state["istate"][0] = int(decision["scan"][0])
-        state["istate"][1] = 0
-        return state
+        return state  # one path: the scan already left w and z in the state

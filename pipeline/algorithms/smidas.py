@@ -101,5 +101,5 @@ class SMIDAS(Algorithm):
                 nnz_diag(w, nnz_theta=float(nnz_theta), underflow=float(nnz_theta - np.count_nonzero(w)), p=p))
 
     def apply(self, state, decision):
-        state["theta"] = decision["theta"].copy()
-        return self._reset_active(state)
+        return self._reset_active({**state, "theta": decision["theta"].copy(), "istate": state["istate"].copy(),
+                                   "fstate": state["fstate"].copy()})

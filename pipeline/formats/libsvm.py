@@ -62,58 +62,61 @@ def _is_end(c):
     return c == _NL or c == _HASH
 
 
-@numba.njit(cache=True, nogil=True)
+@numba.njit(cache=True, nogil=True, inline="always")
 def _parse_number(buf, pos, hi):
     """Parse a decimal float at buf[pos:hi]; returns (value, end_pos, ok).
 
-    Up to 19 significant digits go into an integer mantissa, then one multiply or divide by an exact
-    power of ten: the result is within an ulp of float64, far below the float32 the store keeps.
+    Up to 18 significant digits go into an int64 mantissa, then one multiply or divide by an exact power
+    of ten: the result is within an ulp of float64, far below the float32 the store keeps.
     ``inf``/``nan`` spellings parse (ok) so the caller can report them as non-finite, not as garbage.
     """
     neg = False
-    if pos < hi and (buf[pos] == 43 or buf[pos] == 45):  # + -
-        neg = buf[pos] == 45
+    c = buf[pos] if pos < hi else 0
+    if c == 43 or c == 45:  # + -
+        neg = c == 45
         pos += 1
-    if pos < hi and (buf[pos] | 32) in (105, 110):  # i / n : inf, infinity, nan
+        c = buf[pos] if pos < hi else 0
+    lc = c | 32
+    if lc == 105 or lc == 110:  # i / n : inf, infinity, nan
         start = pos
         while pos < hi and not _is_space(buf[pos]) and buf[pos] != _NL and buf[pos] != _COLON:
             pos += 1
         n = pos - start
-        c0 = buf[start] | 32
-        if c0 == 110 and n == 3 and (buf[start + 1] | 32) == 97 and (buf[start + 2] | 32) == 110:
+        if lc == 110 and n == 3 and (buf[start + 1] | 32) == 97 and (buf[start + 2] | 32) == 110:
             return np.nan, pos, True
-        if c0 == 105 and (n == 3 or n == 8) and (buf[start + 1] | 32) == 110 and (buf[start + 2] | 32) == 102:
+        if lc == 105 and (n == 3 or n == 8) and (buf[start + 1] | 32) == 110 and (buf[start + 2] | 32) == 102:
             return (-np.inf if neg else np.inf), pos, True
         return 0.0, pos, False
-    mant = np.uint64(0)
-    ndig = 0
+    mant = 0
+    room = 18  # significant digits still accepted into the mantissa
     exp10 = 0
-    seen = False
+    start = pos
     while pos < hi:
-        c = buf[pos]
-        if c < 48 or c > 57:
+        d = buf[pos] - 48
+        if d < 0 or d > 9:
             break
-        seen = True
-        if ndig < 19:
-            mant = mant * np.uint64(10) + np.uint64(c - 48)
+        if room > 0:
+            mant = mant * 10 + d
             if mant != 0:
-                ndig += 1
+                room -= 1
         else:
             exp10 += 1
         pos += 1
+    seen = pos > start
     if pos < hi and buf[pos] == 46:  # .
         pos += 1
+        fstart = pos
         while pos < hi:
-            c = buf[pos]
-            if c < 48 or c > 57:
+            d = buf[pos] - 48
+            if d < 0 or d > 9:
                 break
-            seen = True
-            if ndig < 19:
-                mant = mant * np.uint64(10) + np.uint64(c - 48)
+            if room > 0:
+                mant = mant * 10 + d
                 exp10 -= 1
                 if mant != 0:
-                    ndig += 1
+                    room -= 1
             pos += 1
+        seen = seen or pos > fstart
     if not seen:
         return 0.0, pos, False
     if pos < hi and (buf[pos] | 32) == 101:  # e / E
@@ -123,34 +126,28 @@ def _parse_number(buf, pos, hi):
             eneg = buf[pos] == 45
             pos += 1
         e = 0
-        eseen = False
+        estart = pos
         while pos < hi:
-            c = buf[pos]
-            if c < 48 or c > 57:
+            d = buf[pos] - 48
+            if d < 0 or d > 9:
                 break
-            eseen = True
             if e < 100000:
-                e = e * 10 + (c - 48)
+                e = e * 10 + d
             pos += 1
-        if not eseen:
+        if pos == estart:
             return 0.0, pos, False
         exp10 += -e if eneg else e
     v = float(mant)
     if mant != 0:
         if exp10 > 0:
-            if exp10 > 308:
-                v = np.inf
-            else:
-                v = v * _POW10[exp10]
+            v = v * _POW10[exp10] if exp10 <= 308 else np.inf
         elif exp10 < 0:
             k = -exp10
             while k > 308:
                 v = v / 1e308
                 k -= 308
             v = v / _POW10[k]
-    if neg:
-        v = -v
-    return v, pos, True
+    return (-v if neg else v), pos, True
 
 
 @numba.njit(cache=True, nogil=True)
