@@ -14,10 +14,13 @@ engine's ``stage_blocks`` blocks (``--stage-blocks``), the end of a pass, or the
 boundary rule makes stages identical whether training runs 5 passes at once or 2 + 3 (resume): the
 engine always ends the last stage at the pass boundary, so every run must. A stage that ends inside a
 burst (pass end, stage_blocks, end of training) closes that burst early with its actual counts
-(informative amount g0·k̃_j; uniform g0·updates), in :meth:`summarize` (on the engine's copy, for the
-counters) and identically in :meth:`apply` (on the path state).
+(informative amount g0·k̃_j; uniform g0·updates) in :meth:`end_stage`, on the engine's private copy. ``apply``
+returns a new dict with fresh zero stage counters (``ic``) and marks the stage start (``stage_pass`` = −1),
+where the next :meth:`advance` resets the kernel's stage burst count and ratio fill.
 
-State. Per path: the kernel arrays of ``new_path_state`` plus ``ctrl`` = [g0, β, K, stage-1 quantile mode]
+State. Per path: the kernel arrays of ``new_path_state``, with the per-feature arrays packed so that one
+feature's values share a cache line — ``fw`` float64[p, 2] = (w, w_start) and ``ic`` int64[p, 4] = (k̃, c, b, κ)
+(:meth:`STSGD.views` gives the column views the kernel gets) — plus ``ctrl`` = [g0, β, K, stage-1 quantile mode]
 and ``stage_pass``. ``alive`` and ``ctrl`` are identical on all paths after ``apply`` (shared keys, saved
 once). Global (gstate, saved with the model): stage count, |Ω|, β, g0, K, the carried counters of
 (ST-11), the previous w̄ (sparse) for the stopping rule, and the ``done`` flag.
@@ -129,7 +132,7 @@ class STSGD(Algorithm):
     path_mode = "full"
     Params = STSGDParams
     shared_keys = ("alive", "ctrl")
-    feature_keys = ("w", "alive", "kt", "w_start", "cnt_evid", "cnt_surv", "cnt_upd")
+    feature_keys = ("alive",)  # fw / ic are padded along axis 0 by resize below
 
     # --- per path -----------------------------------------------------------------------------
     def _initial_ctrl(self):
@@ -146,6 +149,11 @@ class STSGD(Algorithm):
 
     def init_path(self, n_features, path):
         s = KS.new_path_state(n_features, ratio_capacity=self.params.ratio_capacity, seed=1 + path)
+        # per-feature arrays packed so one feature's values share a cache line (views are passed to the kernel)
+        for k in ("w", "w_start", "kt", "cnt_evid", "cnt_surv", "cnt_upd"):
+            del s[k]
+        s["fw"] = np.zeros((n_features, 2), dtype=np.float64)
+        s["ic"] = np.zeros((n_features, 4), dtype=np.int64)
         s["ctrl"] = self._initial_ctrl()
         s["stage_pass"] = np.array([-1], dtype=np.int64)
         return s
@@ -156,54 +164,79 @@ class STSGD(Algorithm):
         if n_features > old:
             out["alive"][old:] = True  # new columns enter the stable set
             out["touched"] = np.zeros(n_features, dtype=np.int64)
+            for k in ("fw", "ic"):
+                out[k] = np.pad(state[k], [(0, n_features - old), (0, 0)])
         return out
 
+    @staticmethod
+    def views(state):
+        """Kernel arrays of a path state: w, w_start (columns of ``fw``), kt and the stage counters c, b, κ
+        (columns of ``ic``)."""
+        fw, ic = state["fw"], state["ic"]
+        return {"w": fw[:, 0], "w_start": fw[:, 1], "kt": ic[:, 0], "cnt_evid": ic[:, 1], "cnt_surv": ic[:, 2],
+                "cnt_upd": ic[:, 3]}
+
     def warm_start(self, state, w, bias):
-        n = min(len(w), state["w"].shape[0])
-        state["w"][:n] = w[:n]
+        n = min(len(w), state["fw"].shape[0])
+        state["fw"][:n, 0] = w[:n]
         state["fstate"][KS.F_BIAS] = bias
         return state
 
     def advance(self, state, indptr, indices, data, y, rows, start, pass_index):
         sp = state["stage_pass"]
-        if sp[0] < 0:
+        if sp[0] < 0:  # first call of a stage (state is the engine's private copy): start the stage
+            self._reset_istate(state)  # the counters were replaced by zeros in apply
             sp[0] = pass_index
         elif sp[0] != pass_index:
             return 0, True  # stages end at pass boundaries (see module docstring)
         p = self.params
         c = state["ctrl"]
+        v = self.views(state)
         consumed = KS.stsgd_block(
-            indptr, indices, data, y, rows, start, state["w"], state["alive"], state["kt"], state["w_start"],
-            state["touched"], state["istate"], state["fstate"], state["cnt_evid"], state["cnt_surv"],
-            state["cnt_upd"], state["ratios"], p.eta, SCHEDULES[p.schedule], int(c[C_K]), c[C_G0],
+            indptr, indices, data, y, rows, start, v["w"], state["alive"], v["kt"], v["w_start"],
+            state["touched"], state["istate"], state["fstate"], v["cnt_evid"], v["cnt_surv"],
+            v["cnt_upd"], state["ratios"], p.eta, SCHEDULES[p.schedule], int(c[C_K]), c[C_G0],
             LOSS_CODES[p.loss], p.hinge_at_one, p.informative, p.count_violations_only, p.fit_bias, p.n_K,
             bool(c[C_QUANT]), c[C_BETA])
         done = p.n_K > 0 and state["istate"][KS.I_STAGE_BURSTS] >= p.n_K
         return int(consumed), bool(done)
 
-    def _close_burst(self, state):
+    @staticmethod
+    def _reset_istate(state):
+        e = state["ic"][:0, 1]
+        KS.reset_stage(state["istate"], e, e, e)  # stage burst count and ratio fill only
+
+    def end_stage(self, state):
+        """Close a burst left open by a stage that ended inside it (pass end, stage_blocks, end of training);
+        a stage that read no row at all (the engine's last stage at the end of the passes) reports zeros."""
+        if state["stage_pass"][0] < 0:
+            self._reset_istate(state)
+            return
         c = state["ctrl"]
-        KS.stsgd_close_burst(state["w"], state["kt"], state["w_start"], state["touched"], state["istate"],
-                             state["fstate"], state["cnt_evid"], state["cnt_surv"], state["cnt_upd"],
+        v = self.views(state)
+        KS.stsgd_close_burst(v["w"], v["kt"], v["w_start"], state["touched"], state["istate"],
+                             state["fstate"], v["cnt_evid"], v["cnt_surv"], v["cnt_upd"],
                              state["ratios"], c[C_G0], self.params.informative, bool(c[C_QUANT]), c[C_BETA])
 
     # --- stage end ----------------------------------------------------------------------------
     def summarize(self, state):
-        self._close_burst(state)  # state is the engine's private copy
         ist = state["istate"]
-        cnt = R.sparse_counters(state["cnt_evid"], state["cnt_surv"], state["cnt_upd"])
-        widx, wval = R.sparse_weights(state["w"])
+        v = self.views(state)
+        cnt = R.sparse_counters(v["cnt_evid"], v["cnt_surv"], v["cnt_upd"])
+        widx, wval = R.sparse_weights(v["w"])
         return {"cnt": cnt, "ratios": state["ratios"][: int(ist[KS.I_NRATIOS])].copy(),
                 "w": (widx, wval), "bias": state["fstate"][KS.F_BIAS:KS.F_BIAS + 1].copy(),
                 "g0_last": state["fstate"][KS.F_G0_LAST:KS.F_G0_LAST + 1].copy(),
-                "pass_min": state["cursor"][:1].copy(), "updates": ist[KS.I_T:KS.I_T + 1].copy()}
+                "pass_min": state["cursor"][:1].copy(), "updates": ist[KS.I_T:KS.I_T + 1].copy(),
+                "width": np.array([state["fw"].shape[0]], dtype=np.int64)}
 
     def combine(self, a, b):
         return {"cnt": R.merge_sparse(a["cnt"], b["cnt"]),
                 "ratios": np.concatenate([a["ratios"], b["ratios"]]),
                 "w": R.merge_sparse(a["w"], b["w"]),
                 "bias": a["bias"] + b["bias"], "g0_last": a["g0_last"] + b["g0_last"],
-                "pass_min": np.minimum(a["pass_min"], b["pass_min"]), "updates": a["updates"] + b["updates"]}
+                "pass_min": np.minimum(a["pass_min"], b["pass_min"]), "updates": a["updates"] + b["updates"],
+                "width": np.maximum(a["width"], b["width"])}
 
     def init_global(self, n_features):
         p = self.params
@@ -221,6 +254,11 @@ class STSGD(Algorithm):
         p = self.params
         g = {k: np.asarray(v) for k, v in gstate.items()}
         nf = int(g["n_features"])
+        width = int(total["width"][0])
+        if width > nf:  # a resumed model met a wider store: the new columns enter Ω unseen
+            g["n_alive"] = np.array(int(g["n_alive"]) + width - nf)
+            g["seen"] = np.concatenate([g["seen"], np.zeros(width - nf, dtype=np.bool_)])
+            nf = width
         M = n_paths
         cnt = tuple(np.asarray(x) for x in total["cnt"])
         carry = (g["carry_idx"], g["carry_evid"], g["carry_surv"], g["carry_upd"])
@@ -265,7 +303,7 @@ class STSGD(Algorithm):
         stage = int(g["stage"]) + 1
         passes_done = int(total["pass_min"][0])
         done = False
-        if p.tol > 0 and bool(g["wprev_set"]) and passes_done >= 1:
+        if p.tol > 0 and bool(g["wprev_set"]) and passes_done >= 1 and cnt[0].size:
             diff = R.merge_sparse((widx, wbar), (g["wprev_idx"], -g["wprev_val"]))[1]
             done = bool(np.linalg.norm(diff) <= p.tol * max(1.0, float(np.linalg.norm(g["wprev_val"]))))
         quant_next = False  # the per-burst quantile rule is for stage 1 only
@@ -287,15 +325,21 @@ class STSGD(Algorithm):
         return decision, gnew, diag
 
     def apply(self, state, decision):
-        self._close_burst(state)
+        """A new state dict (the engine copies before the next advance mutates it); stage counters are reset
+        by the next advance (``stage_pass`` = −1 marks the stage start)."""
+        out = dict(state)
         purged = decision["purged"]
         if purged.size:
-            state["w"][purged] = 0.0          # (ST-8) on every path
-            state["alive"][purged] = False
-        KS.reset_stage(state["istate"], state["cnt_evid"], state["cnt_surv"], state["cnt_upd"])
-        state["ctrl"] = decision["ctrl"].copy()
-        state["stage_pass"][0] = -1
-        return state
+            out["fw"] = state["fw"].copy()
+            out["fw"][purged, 0] = 0.0        # (ST-8) on every path
+            out["alive"] = state["alive"].copy()
+            out["alive"][purged] = False
+        # fresh stage counters (k̃ is 0 between bursts and end_stage closed any open burst): np.zeros maps
+        # zero pages, so this costs nothing until the next stage touches them
+        out["ic"] = np.zeros_like(state["ic"])
+        out["ctrl"] = decision["ctrl"]
+        out["stage_pass"] = np.array([-1], dtype=np.int64)
+        return out
 
     def weights(self, decision):
         w = np.zeros(int(decision["n_features"]), dtype=np.float64)

@@ -1,0 +1,132 @@
+"""STSGD on the engine (ALGORITHMS.md §2, §7 properties 4-5): purging, stable set, determinism across
+workers, resume equivalence, degenerations to SGD, and the `stability` command."""
+import json
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from pipeline.ingest import IngestOptions, ingest
+from pipeline.model import load_model
+from pipeline.train import fit
+from tests.conftest import data_file
+from tests.test_engine import same_model as same
+
+OPTS = {"eta": 0.05, "K": 4, "n_K": 8, "tol": 0.0, "gamma": -1.0, "pi0": 0.6, "beta0": 0.5}
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory, client):
+    out = tmp_path_factory.mktemp("stsgd") / "s.zarr"
+    ingest([str(data_file("rcv1_subset/rcv1_vw_smaller_extra.svm"))], str(out),
+           IngestOptions(block_mb=0.03, holdout=0.2), client=client)
+    return str(out)
+
+
+def test_purged_features_stay_zero_and_stable_set_is_monotone(store):
+    seen = []
+
+    def progress(rec):
+        seen.append(rec)
+
+    m = fit(store, "stsgd", OPTS, passes=3, paths=3, seed=1, client=None, progress=progress)
+    stable = [r["stable"] for r in seen]
+    assert all(a >= b for a, b in zip(stable, stable[1:])) and stable[-1] < stable[0] + seen[0]["purged"]
+    assert sum(r["purged"] for r in seen) > 0 and m.nnz > 0
+    for k in ("nnz", "density", "stable", "beta", "g0", "K", "rejection"):
+        assert k in seen[-1]
+    alive = m.states[0]["alive"]
+    dead = np.flatnonzero(~alive)
+    assert dead.size == m.n_features - stable[-1]
+    for s in m.states:
+        assert np.array_equal(s["alive"], alive)
+        assert np.all(s["fw"][dead, 0] == 0.0)
+    assert np.all(m.dense_weights()[dead] == 0.0)
+    # purged stays purged: one more pass from the saved state never revives a dead coordinate
+    more = fit(store, "stsgd", OPTS, passes=1, paths=3, seed=1, client=None, init_model=m)
+    assert more.meta["provenance"]["resumed"]
+    assert np.all(more.dense_weights()[dead] == 0.0) and not more.states[0]["alive"][dead].any()
+
+
+def test_same_model_with_one_or_two_workers(store, client):
+    from distributed import Client, LocalCluster
+
+    ref = fit(store, "stsgd", OPTS, passes=2, paths=2, seed=5, client=client)
+    with LocalCluster(n_workers=1, threads_per_worker=1, host="127.0.0.1", dashboard_address="127.0.0.1:0",
+                      silence_logs=40) as cl, Client(cl) as one:
+        m1 = fit(store, "stsgd", OPTS, passes=2, paths=2, seed=5, client=one)
+    inproc = fit(store, "stsgd", OPTS, passes=2, paths=2, seed=5, client=None)
+    assert ref.nnz > 0 and same(ref, m1) and same(ref, inproc)
+    assert not same(ref, fit(store, "stsgd", OPTS, passes=2, paths=2, seed=6, client=None))
+
+
+@pytest.mark.parametrize("extra", [{}, {"alpha": 0.5, "delta_K": 2.0, "stage_blocks": 1}])
+def test_two_passes_saved_and_resumed_for_three_equals_five(extra, store, tmp_path, client):
+    extra = dict(extra)
+    sb = extra.pop("stage_blocks", 0)
+    opts = {**OPTS, **extra, **({"n_K": 0} if sb else {})}
+    full = fit(store, "stsgd", opts, passes=5, paths=2, seed=3, client=client, stage_blocks=sb)
+    part = fit(store, "stsgd", opts, passes=2, paths=2, seed=3, client=client, stage_blocks=sb)
+    part.save(tmp_path / "m.npz")
+    back = load_model(tmp_path / "m.npz")
+    resumed = fit(store, "stsgd", opts, passes=3, paths=2, seed=3, client=client, init_model=back,
+                  stage_blocks=sb)
+    assert resumed.meta["provenance"]["resumed"] and resumed.meta["passes"] == 5
+    assert same(full, resumed)
+    for k in ("alive", "ctrl", "istate", "fw", "ratios"):
+        assert np.array_equal(full.states[1][k], resumed.states[1][k])
+    for k in ("beta", "g0", "K", "n_alive", "carry_idx"):
+        assert np.array_equal(np.asarray(full.gstate[k]), np.asarray(resumed.gstate[k]))
+
+
+@pytest.mark.parametrize("off", [{"pi0": 0.0, "beta0": 0.0}, {"stability": False, "fixed_gravity": None,
+                                                               "beta0": 0.0}])
+def test_no_purging_and_zero_rejection_is_sgd_on_every_path(off, store):
+    """π0 = 0 and β0 = 0: nothing purged, g0 ≡ 0, every path is plain SGD (η/√t) over its own order."""
+    from pipeline.engine import merge_blocks, path_blocks, row_order
+    from pipeline.kernels.losses import LOGISTIC, dloss
+    from pipeline.store.reader import open_store
+
+    opts = {**OPTS, **off}
+    W = 2
+    m = fit(store, "stsgd", opts, passes=2, paths=2, seed=4, client=None, shuffle_window=W)
+    assert all(r["purged"] == 0 and r["g0"] == 0.0 for r in m.meta["history"])
+    st = open_store(store)
+    keys = [e["key"] for e in st.entries("train")]
+    for path in range(2):
+        w, b, t = np.zeros(st.n_features), 0.0, 0
+        for q in range(2):
+            order = path_blocks(4, q, path, 2, len(keys), "full")
+            for g in range(0, len(order), W):
+                grp = order[g:g + W]
+                parts = []
+                for bi in grp:
+                    blk = st.block(keys[bi])
+                    parts.append((blk.indptr, blk.indices, blk.data, blk.y))
+                indptr, indices, data, y = merge_blocks(parts)
+                for r in row_order(4, q, path, int(grp[0]), y.shape[0], W):
+                    lo, hi = indptr[r], indptr[r + 1]
+                    idx, val = indices[lo:hi], data[lo:hi].astype(np.float64)
+                    f = b + float(np.dot(w[idx], val))
+                    t += 1
+                    e = opts["eta"] / np.sqrt(t)
+                    d = dloss(f, float(y[r]), LOGISTIC, False)
+                    w[idx] -= e * d * val
+                    b -= e * d
+        np.testing.assert_allclose(m.states[path]["fw"][:, 0], w, rtol=1e-10, atol=1e-13)
+        assert m.states[path]["alive"].all()
+
+
+def test_stability_command_json(store, client):
+    from cli.main import app
+
+    res = CliRunner().invoke(app, ["stability", store, "--algo", "stsgd", "--runs", "3", "--passes", "1",
+                                   "--paths", "2", "--scheduler", client.scheduler.address, "--json",
+                                   "--set", "eta=0.05", "--set", "n_K=3"])
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.output[res.output.index("{"):])
+    for k in ("runs", "error_mean", "error_sd", "density_mean", "density_sd", "kappa"):
+        assert k in out
+    assert out["runs"] == 3 and -1.0 <= out["kappa"] <= 1.0 and 0.0 <= out["error_mean"] <= 1.0
+    bad = CliRunner().invoke(app, ["stability", store, "--algo", "stsgd", "--runs", "2", "--set", "nope=1"])
+    assert bad.exit_code == 2
