@@ -25,6 +25,16 @@ def client():
         yield c
 
 
+@pytest.fixture(scope="session")
+def one_worker_client():
+    """A second real cluster with a single worker, for 1-vs-2-worker determinism tests."""
+    from distributed import Client, LocalCluster
+
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=True, host="127.0.0.1",
+                      dashboard_address="127.0.0.1:0", silence_logs=40) as cluster, Client(cluster) as c:
+        yield c
+
+
 @pytest.fixture
 def tmp(tmp_path):
     return tmp_path

@@ -183,16 +183,12 @@ def test_fobos_is_tg_with_k1_and_gravity_lambda(store):
 
 # ------------------------------------------------------------------------------------------- engine contract
 
-def test_same_weights_with_one_or_two_workers(store, client):
-    from distributed import Client, LocalCluster
-
+def test_same_weights_with_one_or_two_workers(store, client, one_worker_client):
     refs = {a: fit(store, a, o, passes=2, paths=n, seed=5, client=client) for a, (o, n) in RUNS.items()}
-    with LocalCluster(n_workers=1, threads_per_worker=1, host="127.0.0.1", dashboard_address="127.0.0.1:0",
-                      silence_logs=40) as cl, Client(cl) as one:
-        for a, (o, n) in RUNS.items():
-            m = fit(store, a, o, passes=2, paths=n, seed=5, client=one)
-            np.testing.assert_array_equal(m.dense_weights(), refs[a].dense_weights(), err_msg=a)
-            assert m.bias == refs[a].bias and refs[a].nnz > 0
+    for a, (o, n) in RUNS.items():
+        m = fit(store, a, o, passes=2, paths=n, seed=5, client=one_worker_client)
+        np.testing.assert_array_equal(m.dense_weights(), refs[a].dense_weights(), err_msg=a)
+        assert m.bias == refs[a].bias and refs[a].nnz > 0
 
 
 @pytest.mark.parametrize("algo", list(RUNS))

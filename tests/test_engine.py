@@ -34,13 +34,9 @@ def same_model(a, b):
             and a.bias == b.bias)
 
 
-def test_same_weights_with_one_or_two_workers_and_any_placement(store, client):
-    from distributed import Client, LocalCluster
-
+def test_same_weights_with_one_or_two_workers_and_any_placement(store, client, one_worker_client):
     ref = fit(store, "tg", TG, passes=3, paths=2, seed=7, client=client)
-    with LocalCluster(n_workers=1, threads_per_worker=1, host="127.0.0.1", dashboard_address="127.0.0.1:0",
-                      silence_logs=40) as cl, Client(cl) as one:
-        m1 = fit(store, "tg", TG, passes=3, paths=2, seed=7, client=one)
+    m1 = fit(store, "tg", TG, passes=3, paths=2, seed=7, client=one_worker_client)
     m_inproc = fit(store, "tg", TG, passes=3, paths=2, seed=7, client=None)
     m_single = fit(store, "tg", TG, passes=3, paths=2, seed=7, client=client, placement="single")
     assert ref.nnz > 0 and same_model(ref, m1) and same_model(ref, m_inproc) and same_model(ref, m_single)

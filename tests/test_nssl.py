@@ -114,13 +114,9 @@ def test_density_stop_in_training(store, client):
     assert 0.14 < e.density <= 0.152 and e.meta["stopped"] == "max_density"
 
 
-def test_same_weights_with_one_or_two_workers(store, client):
-    from distributed import Client, LocalCluster
-
+def test_same_weights_with_one_or_two_workers(store, client, one_worker_client):
     ref = fit(store, "nssl", OPTS, passes=3, paths=2, seed=4, client=client)
-    with LocalCluster(n_workers=1, threads_per_worker=1, host="127.0.0.1", dashboard_address="127.0.0.1:0",
-                      silence_logs=40) as cl, Client(cl) as one:
-        one_w = fit(store, "nssl", OPTS, passes=3, paths=2, seed=4, client=one)
+    one_w = fit(store, "nssl", OPTS, passes=3, paths=2, seed=4, client=one_worker_client)
     single = fit(store, "nssl", OPTS, passes=3, paths=2, seed=4, client=client, placement="single")
     for m in (one_w, single):
         np.testing.assert_array_equal(m.dense_weights(), ref.dense_weights())

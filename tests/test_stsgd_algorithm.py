@@ -48,13 +48,9 @@ def test_purged_features_stay_zero_and_stable_set_is_monotone(store):
     assert np.all(more.dense_weights()[dead] == 0.0) and not more.states[0]["alive"][dead].any()
 
 
-def test_same_model_with_one_or_two_workers(store, client):
-    from distributed import Client, LocalCluster
-
+def test_same_model_with_one_or_two_workers(store, client, one_worker_client):
     ref = fit(store, "stsgd", OPTS, passes=2, paths=2, seed=5, client=client)
-    with LocalCluster(n_workers=1, threads_per_worker=1, host="127.0.0.1", dashboard_address="127.0.0.1:0",
-                      silence_logs=40) as cl, Client(cl) as one:
-        m1 = fit(store, "stsgd", OPTS, passes=2, paths=2, seed=5, client=one)
+    m1 = fit(store, "stsgd", OPTS, passes=2, paths=2, seed=5, client=one_worker_client)
     inproc = fit(store, "stsgd", OPTS, passes=2, paths=2, seed=5, client=None)
     assert ref.nnz > 0 and same(ref, m1) and same(ref, inproc)
     assert not same(ref, fit(store, "stsgd", OPTS, passes=2, paths=2, seed=6, client=None))

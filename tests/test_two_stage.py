@@ -110,14 +110,10 @@ def test_sparsifier_unbiased_sparse_and_bounds():
     assert info["K"] == draws_for_epsilon(w, s, 0.5, 0.2, "dd") == int(np.ceil(bound_constant(w, s, "dd") / 0.1))
 
 
-def test_one_or_two_workers_bit_identical(store, client):
-    from distributed import Client, LocalCluster
-
+def test_one_or_two_workers_bit_identical(store, client, one_worker_client):
     opts = {**OPTS, "nnz": 15}
     ref = fit(store, "two-stage", opts, passes=2, paths=2, seed=5, client=client)
-    with LocalCluster(n_workers=1, threads_per_worker=1, host="127.0.0.1", dashboard_address="127.0.0.1:0",
-                      silence_logs=40) as cl, Client(cl) as one:
-        m1 = fit(store, "two-stage", opts, passes=2, paths=2, seed=5, client=one)
+    m1 = fit(store, "two-stage", opts, passes=2, paths=2, seed=5, client=one_worker_client)
     assert same_model(ref, m1) and 0 < ref.nnz <= 15
     assert ref.meta["history"][-1]["epochs_done"] >= 2
 
