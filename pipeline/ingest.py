@@ -14,6 +14,7 @@ import hashlib
 import json
 import os
 import shutil
+import threading
 import time
 import uuid
 from dataclasses import asdict, dataclass, field
@@ -142,43 +143,64 @@ def plan(sources: list[dict], block_bytes: int, generation: int) -> list[Task]:
 
 # ------------------------------------------------------------------------------------ worker side
 
+_TAIL = 1 << 20  # read this much past the range end so the last line usually needs no second read
+_READ_BUF = threading.local()
+
+
+def _read_buffer(n: int) -> np.ndarray:
+    """A per-thread reusable read buffer (no page faults for every block after the first)."""
+    buf = getattr(_READ_BUF, "buf", None)
+    if buf is None or buf.shape[0] < n:
+        buf = np.empty(max(n, 1 << 20), dtype=np.uint8)
+        _READ_BUF.buf = buf
+    return buf
+
+
 def read_owned_lines(f, start: int, end: int, size: int) -> np.ndarray:
-    """uint8 array of every line whose first byte lies in [start, end) of an open seekable file."""
+    """uint8 array of every line whose first byte lies in [start, end) of an open seekable file.
+
+    The result may be a view of a per-thread buffer that the next call overwrites.
+    """
     if start >= size:
         return np.zeros(0, np.uint8)
     lo = start - 1 if start > 0 else 0
+    want = min(size, end + _TAIL) - lo
     f.seek(lo)
-    buf = np.empty(end - lo, dtype=np.uint8)
+    buf = _read_buffer(want)[:want]
     got = f.readinto(memoryview(buf))
     buf = buf[:got]
     head = 0
     if start > 0:
-        nl = np.flatnonzero(buf == 10)[:1] if buf.shape[0] < 4096 else _first_newline(buf)
-        if nl.shape[0] == 0:
+        nl = _first_newline(buf, 0)
+        if nl < 0:
             return np.zeros(0, np.uint8)  # a line longer than the range started before it
-        head = int(nl[0]) + 1
-    if end < size and (buf.shape[0] == 0 or buf[-1] != 10):
-        parts = [buf]
-        while True:
-            piece = f.read(1 << 20)
-            if not piece:
-                break
-            nl = piece.find(b"\n")
-            if nl >= 0:
-                parts.append(np.frombuffer(piece[: nl + 1], np.uint8))
-                break
-            parts.append(np.frombuffer(piece, np.uint8))
-        buf = np.concatenate(parts)
-    return buf[head:]
+        head = nl + 1
+    if end >= size:
+        return buf[head:]
+    stop = _first_newline(buf, end - 1 - lo)  # the line holding byte end-1 ends at the next newline
+    if stop >= 0:
+        return buf[head:stop + 1]
+    parts = [buf.copy()]  # a very long last line: keep reading until its newline
+    while True:
+        piece = f.read(1 << 20)
+        if not piece:
+            break
+        k = piece.find(b"\n")
+        if k >= 0:
+            parts.append(np.frombuffer(piece[: k + 1], np.uint8))
+            break
+        parts.append(np.frombuffer(piece, np.uint8))
+    return np.concatenate(parts)[head:]
 
 
-def _first_newline(buf: np.ndarray) -> np.ndarray:
-    step = 4096
-    for off in range(0, buf.shape[0], step):
+def _first_newline(buf: np.ndarray, start: int) -> int:
+    """Index of the first newline at or after ``start``, or -1."""
+    step = 1 << 16
+    for off in range(max(0, start), buf.shape[0], step):
         hit = np.flatnonzero(buf[off:off + step] == 10)
         if hit.shape[0]:
-            return hit[:1] + off
-    return np.zeros(0, np.int64)
+            return int(hit[0]) + off
+    return -1
 
 
 def _block_result(key: str, parsed: libsvm.Parsed, nbytes: int) -> dict:

@@ -171,5 +171,5 @@ def test_byte_ranges_own_each_line_exactly_once(text, step):
     pieces = []
     with io.BytesIO(raw) as f:
         for start in range(0, max(len(raw), 1), step):
-            pieces.append(read_owned_lines(f, start, min(len(raw), start + step), len(raw)))
+            pieces.append(read_owned_lines(f, start, min(len(raw), start + step), len(raw)).tobytes())
     assert b"".join(pieces) == raw

@@ -25,7 +25,7 @@ FORMAT = "sparsepipe-store"
 FORMAT_VERSION = 1
 ATTR = "sparsepipe"
 
-_COMPRESSORS = (BloscCodec(cname="lz4", clevel=5, shuffle=BloscShuffle.bitshuffle),)
+_COMPRESSORS = (BloscCodec(cname="lz4", clevel=5, shuffle=BloscShuffle.shuffle),)
 
 
 class StoreError(Exception):
@@ -33,7 +33,7 @@ class StoreError(Exception):
 
 
 def write_array(group_path: str, name: str, arr: np.ndarray, chunk: int | None = None) -> None:
-    """Write ``arr`` as zarr v3 array ``group_path/name`` (blosc-lz4, bit shuffle), one chunk unless ``chunk``."""
+    """Write ``arr`` as zarr v3 array ``group_path/name`` (blosc-lz4, byte shuffle), one chunk unless ``chunk``."""
     chunks = (max(1, min(chunk or arr.shape[0], arr.shape[0])),)
     z = zarr.create_array(store=group_path, name=name, shape=arr.shape, dtype=arr.dtype, chunks=chunks,
                           compressors=_COMPRESSORS, overwrite=True)
