@@ -310,9 +310,8 @@ def source_stats_task(root: str, keys: list[str], n_features: int, base: str | N
         col_sumsq[: old_ss.shape[0]] += old_ss
     for k in keys:
         g = f"{root}/blocks/{k}"
-        idx = fmt.read_array(g, "stats_idx")
-        col_nnz[idx] += fmt.read_array(g, "stats_nnz")
-        col_sumsq[idx] += fmt.read_array(g, "stats_sumsq")
+        libsvm.accumulate_column_stats(col_nnz, col_sumsq, fmt.read_array(g, "stats_idx"),
+                                       fmt.read_array(g, "stats_nnz"), fmt.read_array(g, "stats_sumsq"))
     fmt.make_group(f"{root}/stats")
     fmt.make_group(f"{root}/{out}")
     fmt.write_array(f"{root}/{out}", "col_nnz", col_nnz, STATS_CHUNK)

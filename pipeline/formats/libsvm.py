@@ -396,3 +396,12 @@ def column_stats(indices: np.ndarray, data: np.ndarray, width: int):
         _SCRATCH["cols"] = sc
     touched = np.empty(min(indices.shape[0], width), dtype=np.int64)
     return _column_stats(indices, data, sc, touched)
+
+
+@numba.njit(cache=True, nogil=True)
+def accumulate_column_stats(col_nnz, col_sumsq, idx, nnz, sumsq):
+    """col_nnz[idx] += nnz; col_sumsq[idx] += sumsq (idx unique within one block's statistics)."""
+    for t in range(idx.shape[0]):
+        j = idx[t]
+        col_nnz[j] += nnz[t]
+        col_sumsq[j] += sumsq[t]
