@@ -91,6 +91,50 @@ def compression_of(path: str) -> str | None:
     return None
 
 
+class _ZstdStream:
+    """Streaming .zst reader (multi-frame) that raises EOFError when the input ends inside a frame."""
+
+    def __init__(self, raw):
+        import zstandard
+
+        self.raw, self.zstd = raw, zstandard
+        self.dobj = zstandard.ZstdDecompressor().decompressobj()
+        self.pending = b""
+        self.done = False
+        self.started = False
+
+    def read(self, n: int = -1) -> bytes:
+        out = [self.pending]
+        have = len(self.pending)
+        while not self.done and (n < 0 or have < n):
+            chunk = self.raw.read(1 << 20)
+            if not chunk:
+                if not self.dobj.eof and (have or self.started):
+                    raise EOFError("zstd stream ended before the end of its last frame")
+                self.done = True
+                break
+            self.started = True
+            piece = self.dobj.decompress(chunk)
+            while self.dobj.eof and self.dobj.unused_data:  # next frame
+                rest = self.dobj.unused_data
+                self.dobj = self.zstd.ZstdDecompressor().decompressobj()
+                piece += self.dobj.decompress(rest)
+            out.append(piece)
+            have += len(piece)
+        data = b"".join(out)
+        if n < 0:
+            self.pending = b""
+            return data
+        self.pending = data[n:]
+        return data[:n]
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.raw.close()
+
+
 def _open(path: str, compression: str | None = None):
     import fsspec
 
@@ -99,6 +143,7 @@ def _open(path: str, compression: str | None = None):
             import zstandard  # noqa: F401
         except ImportError:
             raise IngestError(f"{path}: .zst input needs the 'zstandard' package (pip install zstandard)") from None
+        return _ZstdStream(fsspec.open(path, "rb").open())
     return fsspec.open(path, "rb", compression=compression).open()
 
 

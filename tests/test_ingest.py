@@ -242,3 +242,27 @@ def test_kill_minus_nine_leaves_old_state_and_rerun_works(append, tmp):
     Xs, _, st = store_matrix(out)
     assert s["n_rows"] == 120000 + (50 if append else 0)
     assert len({e["key"] for e in st.manifest["blocks"]}) == len(os.listdir(out / "blocks")) - 1
+
+
+def test_fsspec_url_input_equals_local_path(tmp, client):
+    f = data_file("dexter/dexter_train.svm")
+    ingest([str(f)], str(tmp / "a"), IngestOptions(block_mb=0.2), client=client)
+    ingest([f"file://{f}"], str(tmp / "b"), IngestOptions(block_mb=0.2), client=client)
+    a, b = all_arrays(tmp / "a"), all_arrays(tmp / "b")
+    assert list(a) == list(b) and all(np.array_equal(x, z) for k in a for x, z in zip(a[k], b[k]))
+
+
+def test_zstd_input_when_zstandard_is_available(tmp, client):
+    zstd = pytest.importorskip("zstandard")
+    text = "\n".join(lines(2000, 8)) + "\n"
+    comp = tmp / "c.svm.zst"
+    comp.write_bytes(zstd.ZstdCompressor().compress(text.encode()))
+    plain = write(tmp / "p.svm", text)
+    ingest([plain], str(tmp / "p"), IngestOptions(block_mb=0.01), client=client)
+    ingest([str(comp)], str(tmp / "c"), IngestOptions(block_mb=0.01), client=client)
+    assert (store_matrix(tmp / "p")[0] != store_matrix(tmp / "c")[0]).nnz == 0
+    raw = comp.read_bytes()
+    trunc = write(tmp / "t.svm.zst", raw[: len(raw) * 2 // 3])
+    with pytest.raises(IngestError, match="truncated or corrupt"):
+        ingest([trunc], str(tmp / "t"), client=client)
+    assert not (tmp / "t").exists()
