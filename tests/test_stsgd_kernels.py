@@ -11,6 +11,21 @@ from pipeline.kernels.losses import HINGE, LOGISTIC, SQUARED
 
 STATE_KEYS = ("w", "alive", "kt", "w_start", "touched", "istate", "fstate", "cnt_evid",
               "cnt_surv", "cnt_upd", "ratios")
+VIEW_KEYS = ("w", "alive", "kt", "w_start", "cnt_evid", "cnt_surv", "cnt_upd")
+
+
+class State(dict):
+    """A kernel path state that also reads the per-feature record's columns by name (st["w"], st["kt"],
+    st["cnt_evid"], ...: writable views of ``rec``; st["alive"] is a copy, purge with K_.purge_features)."""
+
+    def __getitem__(self, k):
+        if k in VIEW_KEYS:
+            return K_.views(self)[k]
+        return dict.__getitem__(self, k)
+
+
+def new_state(*args, **kw):
+    return State(K_.new_path_state(*args, **kw))
 
 
 # ------------------------------------------------------------------------------------------------
@@ -128,7 +143,8 @@ def run(X, y, rows, st, start=0, *, eta=0.1, schedule=1, K=5, g0=0.0, loss=LOGIS
         max_bursts=0, quantile_first_burst=False, beta=0.0, idx_dtype=np.int32):
     indptr, indices, data = csr_arrays(X, idx_dtype)
     return K_.stsgd_block(indptr, indices, data, y, np.asarray(rows, dtype=np.int64), start,
-                          *[st[k] for k in STATE_KEYS], eta, schedule, K, g0, loss, hinge_at_one,
+                          st["rec"], K_.int_view(st["rec"]), st["touched"], st["istate"], st["fstate"],
+                          st["ratios"], eta, schedule, K, g0, loss, hinge_at_one,
                           informative, count_violations_only, fit_bias, max_bursts,
                           quantile_first_burst, beta)
 
@@ -169,7 +185,7 @@ def test_informative_equals_tg_when_all_features_present(loss, informative):
     Xd[Xd == 0] = 0.5
     X = sp.csr_matrix(Xd)
     y = np.where(rng.random(n) < 0.5, -1.0, 1.0)
-    st = K_.new_path_state(p, ratio_capacity=n * p)
+    st = new_state(p, ratio_capacity=n * p)
     consumed = run(X, y, np.arange(n), st, eta=eta, schedule=0, K=K, g0=eta * g, loss=loss,
                    informative=informative)
     assert consumed == n
@@ -193,7 +209,7 @@ def test_features_absent_from_burst_are_not_truncated():
         dense[i, cols] = 1.0 + 0.1 * i
     X = sp.csr_matrix(dense)
     y = np.array([1.0, 1, 1, -1, 1, -1])
-    st = K_.new_path_state(p)
+    st = new_state(p)
     assert run(X, y, np.arange(3), st, K=3, g0=0.0, schedule=0) == 3
     w_after1 = st["w"].copy()
     assert np.all(w_after1[:3] != 0) and w_after1[3] == 0
@@ -226,7 +242,7 @@ def test_kernel_matches_reference(cfg):
     p = X.shape[1]
     rng = np.random.default_rng(7)
     rows = rng.permutation(X.shape[0])
-    st = K_.new_path_state(p, ratio_capacity=10_000)
+    st = new_state(p, ratio_capacity=10_000)
     consumed = run(X, y, rows, st, **cfg)
     assert_matches_ref(st, ref_stsgd(X, y, rows, p, **cfg), consumed)
 
@@ -234,7 +250,7 @@ def test_kernel_matches_reference(cfg):
 def test_float32_data_and_int64_indices():
     X, y = make_data(n=60, p=12, seed=5)
     X32 = X.astype(np.float32)
-    st = K_.new_path_state(12)
+    st = new_state(12)
     consumed = run(X32, y, np.arange(60), st, g0=0.01, idx_dtype=np.int64)
     ref = ref_stsgd(X32, y, np.arange(60), 12, g0=0.01)
     assert_matches_ref(st, ref, consumed)
@@ -271,10 +287,10 @@ def test_burst_spanning_calls_equals_one_call(cfg):
     X, y = make_data(n=70, p=18, seed=11)
     p = X.shape[1]
     rows = np.random.default_rng(2).permutation(70)
-    one = K_.new_path_state(p, ratio_capacity=25, seed=123)  # small: exercises the reservoir
+    one = new_state(p, ratio_capacity=25, seed=123)  # small: exercises the reservoir
     assert run(X, y, rows, one, **cfg) == 70
     for splits in ([3], [7, 8], [1, 2, 3, 33, 34, 69], list(range(1, 70, 4))):
-        st = K_.new_path_state(p, ratio_capacity=25, seed=123)
+        st = new_state(p, ratio_capacity=25, seed=123)
         bounds = [0] + splits + [70]
         for a, b in zip(bounds[:-1], bounds[1:]):
             # rows[a:b] as their own call: both through `start` and through a sliced rows array
@@ -287,9 +303,9 @@ def test_burst_spanning_calls_equals_one_call(cfg):
 
 def test_two_blocks_equal_one_block():
     X, y = make_data(n=50, p=10, seed=4)
-    st1 = K_.new_path_state(10)
+    st1 = new_state(10)
     run(X, y, np.arange(50), st1, g0=0.02, K=4)
-    st2 = K_.new_path_state(10)
+    st2 = new_state(10)
     # block A = rows 0..22, block B = rows 23..49 (burst boundary at 24 is crossed mid-burst)
     run(X[:23], y[:23], np.arange(23), st2, g0=0.02, K=4)
     assert st2["istate"][K_.I_POS] == 23 % 4
@@ -299,28 +315,27 @@ def test_two_blocks_equal_one_block():
 
 def test_max_bursts_stops_at_stage_end_and_resumes():
     X, y = make_data(n=100, p=10, seed=8)
-    st = K_.new_path_state(10)
+    st = new_state(10)
     c = run(X, y, np.arange(100), st, g0=0.01, K=5, max_bursts=3)
     assert c == 15 and st["istate"][K_.I_STAGE_BURSTS] == 3 and st["istate"][K_.I_POS] == 0
     assert run(X, y, np.arange(100), st, start=15, g0=0.01, K=5, max_bursts=3) == 0  # stage done
-    K_.reset_stage(st["istate"], st["cnt_evid"], st["cnt_surv"], st["cnt_upd"])
+    K_.reset_stage(st["istate"], st["rec"])
     assert st["istate"][K_.I_NRATIOS] == 0 and st["cnt_evid"].sum() == 0
     c2 = run(X, y, np.arange(100), st, start=15, g0=0.01, K=5, max_bursts=3)
     assert c2 == 15 and st["istate"][K_.I_BURSTS] == 6
     # continuous 30 rows gives the same weights
-    ref = K_.new_path_state(10)
+    ref = new_state(10)
     run(X, y, np.arange(30), ref, g0=0.01, K=5)
     np.testing.assert_array_equal(ref["w"], st["w"])
 
 
 def test_close_partial_burst():
     X, y = make_data(n=13, p=8, seed=9)
-    st = K_.new_path_state(8)
+    st = new_state(8)
     run(X, y, np.arange(13), st, g0=0.02, K=5, informative=False)
     assert st["istate"][K_.I_POS] == 3
-    K_.stsgd_close_burst(st["w"], st["kt"], st["w_start"], st["touched"], st["istate"],
-                         st["fstate"], st["cnt_evid"], st["cnt_surv"], st["cnt_upd"],
-                         st["ratios"], 0.02, False, False, 0.0)
+    K_.stsgd_close_burst(st["rec"], K_.int_view(st["rec"]), st["touched"], st["istate"],
+                         st["fstate"], st["ratios"], 0.02, False, False, 0.0)
     assert st["istate"][K_.I_POS] == 0 and st["istate"][K_.I_NTOUCHED] == 0
     assert not st["kt"].any()
     # == reference on 15 rows where the 3rd burst is partial: compare via K=13 trick is awkward,
@@ -341,12 +356,13 @@ def test_purged_features_stay_zero_and_are_skipped():
     X, y = make_data(n=80, p=16, seed=12, density=0.4)
     p = 16
     dead = np.array([0, 3, 7, 15])
-    st = K_.new_path_state(p, ratio_capacity=5000)
-    st["alive"][dead] = False
+    st = new_state(p, ratio_capacity=5000)
+    K_.purge_features(st["rec"], dead)
+    assert not st["alive"][dead].any() and st["alive"].sum() == p - dead.size
     for q in range(3):  # three stages
         run(X, y, np.random.default_rng(q).permutation(80), st, g0=0.01, K=5)
         assert np.all(st["w"][dead] == 0.0)
-        assert np.all(st["kt"][dead] == 0)
+        assert np.all(st["kt"][dead] == K_.PURGED)
         assert np.all(st["cnt_evid"][dead] == 0) and np.all(st["cnt_upd"][dead] == 0)
         n = st["istate"][K_.I_NTOUCHED]
         assert not np.isin(st["touched"][:n], dead).any()
@@ -356,16 +372,16 @@ def test_purged_features_stay_zero_and_are_skipped():
     keep = np.setdiff1d(np.arange(p), dead)
     Xk = X[:, keep]
     Xk.sort_indices()
-    st_k = K_.new_path_state(len(keep), ratio_capacity=5000)
+    st_k = new_state(len(keep), ratio_capacity=5000)
     for q in range(3):
         run(Xk, y, np.random.default_rng(q).permutation(80), st_k, g0=0.01, K=5)
     np.testing.assert_array_equal(st["w"][keep], st_k["w"])
     # a (corrupted) non-zero weight on a purged feature is not used in predictions either
-    st2 = K_.new_path_state(p)
-    st2["alive"][dead] = False
+    st2 = new_state(p)
+    K_.purge_features(st2["rec"], dead)
     st2["w"][dead] = 123.0
-    st3 = K_.new_path_state(p)
-    st3["alive"][dead] = False
+    st3 = new_state(p)
+    K_.purge_features(st3["rec"], dead)
     run(X, y, np.arange(80), st2, g0=0.01)
     run(X, y, np.arange(80), st3, g0=0.01)
     np.testing.assert_array_equal(st2["w"][keep], st3["w"][keep])
@@ -380,10 +396,10 @@ def test_zero_gravity_is_plain_sgd_and_beta_zero_gives_g0_zero():
     for t, r in enumerate(rows, 1):
         x = X[r].toarray().ravel()
         w -= 0.1 / math.sqrt(t) * np_dloss(float(w @ x), y[r], LOGISTIC) * x
-    st = K_.new_path_state(10)
+    st = new_state(10)
     run(X, y, rows, st, g0=0.0)
     np.testing.assert_allclose(st["w"], w, rtol=1e-10, atol=1e-13)
-    st_q = K_.new_path_state(10)
+    st_q = new_state(10)
     run(X, y, rows, st_q, quantile_first_burst=True, beta=0.0)
     np.testing.assert_array_equal(st_q["w"], st["w"])
     assert st_q["fstate"][K_.F_G0_LAST] == 0.0
@@ -392,7 +408,7 @@ def test_zero_gravity_is_plain_sgd_and_beta_zero_gives_g0_zero():
 def test_quantile_first_burst_hits_target_on_first_burst():
     X, y = make_data(n=40, p=30, seed=14, density=0.5)
     for beta in (0.1, 0.35, 0.5, 0.7, 1.0):
-        st = K_.new_path_state(30)
+        st = new_state(30)
         run(X, y, np.arange(40), st, K=6, quantile_first_burst=True, beta=beta, max_bursts=1)
         n = st["istate"][K_.I_NRATIOS]
         r = st["ratios"][:n, 1]
@@ -407,8 +423,8 @@ def test_quantile_first_burst_hits_target_on_first_burst():
 
 def test_reservoir_keeps_a_sample_of_valid_ratios():
     X, y = make_data(n=100, p=20, seed=15)
-    big = K_.new_path_state(20, ratio_capacity=100_000)
-    small = K_.new_path_state(20, ratio_capacity=17, seed=99)
+    big = new_state(20, ratio_capacity=100_000)
+    small = new_state(20, ratio_capacity=17, seed=99)
     run(X, y, np.arange(100), big, g0=0.01)
     run(X, y, np.arange(100), small, g0=0.01)
     np.testing.assert_array_equal(big["w"], small["w"])
@@ -421,7 +437,7 @@ def test_reservoir_keeps_a_sample_of_valid_ratios():
 
 def test_touched_overflow_raises():
     X, y = make_data(n=10, p=10, seed=1, density=0.9)
-    st = K_.new_path_state(10, touched_capacity=3)
+    st = new_state(10, touched_capacity=3)
     with pytest.raises(ValueError):
         run(X, y, np.arange(10), st, K=5)
 
@@ -429,4 +445,22 @@ def test_touched_overflow_raises():
 def test_invalid_burst_size_raises():
     X, y = make_data(n=10, p=10, seed=1)
     with pytest.raises(ValueError):
-        run(X, y, np.arange(10), K_.new_path_state(10), K=0)
+        run(X, y, np.arange(10), new_state(10), K=0)
+
+
+def test_record_layout_views_and_purge():
+    """One 32-byte record per feature: w, w_start, then int32 k̃ (−1 = purged), c, b, κ."""
+    st = new_state(6)
+    rec = st["rec"]
+    assert rec.shape == (6, 4) and rec.dtype == np.float64 and rec.strides == (32, 8)
+    st["w"][2] = 1.5
+    st["cnt_upd"][4] = 7
+    assert rec[2, K_.R_W] == 1.5 and K_.int_view(rec)[4, K_.RI_UPD] == 7
+    K_.purge_features(rec, [1, 2])
+    assert list(st["alive"]) == [True, False, False, True, True, True]
+    assert st["w"][2] == 0.0 and st["kt"][1] == K_.PURGED
+    K_.reset_stage(st["istate"], rec)
+    assert st["cnt_upd"][4] == 0 and st["kt"][1] == K_.PURGED  # counters only
+    for bad in (np.zeros((3, 2)), np.zeros((3, 4), np.float32), np.zeros((4, 3))[:, :0], np.zeros((4, 8))[:, ::2]):
+        with pytest.raises(ValueError):
+            K_.int_view(bad)

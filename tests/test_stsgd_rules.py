@@ -308,25 +308,25 @@ def _mini_stsgd(beta0, pi0, stages=6, M=3, p=40, n=150, K=5, n_K=5, seed=0):
     log = []
     for s in range(stages):
         for m, stt in enumerate(paths):
-            KS.reset_stage(stt["istate"], stt["cnt_evid"], stt["cnt_surv"], stt["cnt_upd"])
-            stt["alive"][:] = alive
+            KS.reset_stage(stt["istate"], stt["rec"])
+            KS.purge_features(stt["rec"], np.flatnonzero(~alive))  # Ω of the stage (w is already 0 there)
             while stt["istate"][KS.I_STAGE_BURSTS] < n_K:
                 if pos[m] == n:
                     perms[m], pos[m] = np.random.default_rng(m + 7 * s).permutation(n), 0
                 pos[m] += KS.stsgd_block(
-                    indptr, indices, data, y, perms[m], pos[m], stt["w"], stt["alive"],
-                    stt["kt"], stt["w_start"], stt["touched"], stt["istate"], stt["fstate"],
-                    stt["cnt_evid"], stt["cnt_surv"], stt["cnt_upd"], stt["ratios"], 0.5, 1, K,
+                    indptr, indices, data, y, perms[m], pos[m], stt["rec"], KS.int_view(stt["rec"]),
+                    stt["touched"], stt["istate"], stt["fstate"], stt["ratios"], 0.5, 1, K,
                     g0, 0, False, True, False, False, n_K, s == 0, beta)
-        counters = R.tree_merge([R.sparse_counters(t["cnt_evid"], t["cnt_surv"], t["cnt_upd"])
-                                 for t in paths])
+        views = [KS.views(t) for t in paths]
+        counters = R.tree_merge([R.sparse_counters(v["cnt_evid"], v["cnt_surv"], v["cnt_upd"])
+                                 for v in views])
         rate = R.realized_rejection_rate(counters[1], counters[2])
         idx, prob, carry = R.carried_selection_probability(carry, counters, 0)
         new_alive, purged = R.stable_set(alive, prob, pi0, idx=idx)
         assert np.all(new_alive <= alive)  # Ω_s ⊆ Ω_{s−1}
         alive = new_alive
-        for t in paths:
-            R.purge(t["w"], purged)
+        for v in views:
+            R.purge(v["w"], purged)
         d = alive.sum() / p
         beta = R.anneal_beta(beta0, -3, d)
         ratios = R.pooled_ratios([(t["ratios"], t["istate"][KS.I_NRATIOS]) for t in paths], alive)
@@ -335,7 +335,7 @@ def _mini_stsgd(beta0, pi0, stages=6, M=3, p=40, n=150, K=5, n_K=5, seed=0):
             assert np.mean(ratios <= g0) == R.quantile_rank(beta, len(ratios)) / len(ratios)
         log.append((alive.copy(), beta, g0, rate))
         for t in paths:
-            assert np.all(t["w"][~alive] == 0.0)
+            assert np.all(KS.views(t)["w"][~alive] == 0.0)
     return paths, log
 
 
@@ -345,8 +345,10 @@ def test_mini_stsgd_loop_properties():
     assert alive_final.sum() < 40  # something was purged
     for a_prev, a_next in zip([x[0] for x in log], [x[0] for x in log][1:]):
         assert np.all(a_next <= a_prev)  # never re-enters
+    from pipeline.kernels import stsgd as KS
+
     for t in paths:
-        assert np.all(t["w"][~alive_final] == 0.0)
+        assert np.all(KS.views(t)["w"][~alive_final] == 0.0)
     # stage 1 (per-burst quantile at β0): realized rejection close to β0 (bursts mostly start at 0)
     assert 0.5 <= log[0][3] <= 0.8
 

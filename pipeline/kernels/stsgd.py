@@ -7,26 +7,30 @@ boundary: splitting ``rows`` anywhere (mid-burst included) gives bit-identical s
 
 Per-path state (allocate with :func:`new_path_state`)
 ------------------------------------------------------
+All per-feature values of one path live in ONE record of 32 bytes, so the row loop and the burst close
+touch one cache line per non-zero (two features share a 64-byte line):
+
 =============  ===========================  ========================================================
 array          dtype / shape                meaning
 =============  ===========================  ========================================================
-``w``          float64[p]                   path weights w^(m)
-``alive``      bool[p]                      stable set Ω (False = purged, skipped everywhere, ST-8)
-``kt``         int64[p]                     k̃_j of the open burst (ST-3); 0 for every j between
-                                            bursts
-``w_start``    float64[p]                   w_j at the first touch of j in the open burst; only
-                                            entries of touched j are meaningful (stale afterwards;
-                                            in quantile mode they hold the burst's ratio r_j)
+``rec``        float64[p, 4]                per-feature record; float64 columns R_W = 0 (w^(m)_j) and
+                                            R_WSTART = 1 (w_j at the first touch of j in the open
+                                            burst; stale outside it; in quantile mode the burst's
+                                            ratio r_j); columns 2-3 hold four int32 read through
+                                            ``irec = int_view(rec)`` (int32[p, 8], same memory):
+  ``irec[:, 4]``  int32  (RI_KT)            k̃_j of the open burst (ST-3), 0 between bursts;
+                                            −1 = purged (not in Ω, skipped everywhere, ST-8)
+  ``irec[:, 5]``  int32  (RI_EVID)          c: bursts of this stage in which j had evidence (k̃>0)
+  ``irec[:, 6]``  int32  (RI_SURV)          b: bursts of this stage with evidence and ŵ_j ≠ 0 after
+                                            truncation
+  ``irec[:, 7]``  int32  (RI_UPD)           κ: Σ k̃_j over the bursts of this stage (≤ the rows of
+                                            one pass: stages never cross a pass boundary)
 ``touched``    int64[cap_t]                 features with k̃_j > 0 in the open burst, first-touch
                                             order; fill count istate[I_NTOUCHED]. cap_t must be ≥ the
                                             number of distinct alive features a burst can touch
                                             (p is always enough; K·max row nnz also); overflow raises
 ``istate``     int64[ISTATE_SIZE]           see I_* below
 ``fstate``     float64[FSTATE_SIZE]         see F_* below
-``cnt_evid``   int64[p]                     c: bursts of this stage in which j had evidence (k̃>0)
-``cnt_surv``   int64[p]                     b: bursts of this stage in which j had evidence and
-                                            ŵ_j ≠ 0 after truncation
-``cnt_upd``    int64[p]                     κ: Σ k̃_j over the bursts of this stage
 ``ratios``     float64[cap_r, 2]            (ST-9) movement ratios of this stage: column 0 = feature
                                             id (exact in float64 below 2^53), column 1 =
                                             r = |w_end,j − w_start,j| / k̃_j (pre-truncation).
@@ -35,6 +39,11 @@ array          dtype / shape                meaning
                                             reservoir sample (Algorithm R, deterministic RNG in
                                             istate[I_RNG]); istate[I_RATIOS_SEEN] counts all.
 =============  ===========================  ========================================================
+
+:func:`views` gives the column views (w, w_start, kt, cnt_evid, cnt_surv, cnt_upd) and a copy of
+``alive`` (kt ≥ 0); :func:`purge_features` marks features purged. The record replaces separate arrays
+(w, w_start, alive, kt and three int64 counters: up to 5 cache lines per non-zero) for speed only; the
+arithmetic, and so every result, is unchanged.
 
 istate slots: I_T per-path update count t (lifetime; one per row drawn, used by η_t = η/√t);
 I_POS updates done in the open burst (0 ≤ pos < K between calls); I_NTOUCHED fill of ``touched``;
@@ -47,9 +56,9 @@ the last truncation (g0, or the per-burst quantile in ``quantile_first_burst`` m
 F_LOSS_SUM Σ ℓ(f_t, y_t) evaluated before each update (progressive training loss, lifetime).
 
 Stage start (engine / driver): :func:`reset_stage` zeroes the three counters, the ratio fill counts
-and I_STAGE_BURSTS. Stages end only at burst boundaries (the kernel returns right after the burst
-that reaches ``max_bursts``), so purging (ST-8) and changing K (ST-12) between stages never meet an
-open burst.
+and I_STAGE_BURSTS (the driver zeroes the counters in its ``apply``, where it copies the record anyway).
+Stages end only at burst boundaries (the kernel returns right after the burst that reaches ``max_bursts``),
+so purging (ST-8) and changing K (ST-12) between stages never meet an open burst.
 
 Choices made here (documented interpretations)
 -----------------------------------------------
@@ -72,6 +81,7 @@ import numba
 import numpy as np
 
 from .losses import dloss, loss as loss_fn
+from .sgd import _soft  # (C-1) S(v, a), branch-free: min/max instead of unpredictable branches
 
 # istate layout
 I_T = 0
@@ -93,55 +103,72 @@ FSTATE_SIZE = 3
 SCHEDULE_CONSTANT = 0
 SCHEDULE_INVSQRT = 1
 
+# record layout: float64 columns of ``rec`` and int32 columns of ``irec = int_view(rec)``
+R_W = 0
+R_WSTART = 1
+RI_KT = 4
+RI_EVID = 5
+RI_SURV = 6
+RI_UPD = 7
+PURGED = -1  # irec[j, RI_KT] of a purged feature
+
+
+def int_view(rec):
+    """The int32[p, 8] view of a record array (same memory; columns RI_* hold k̃, c, b, κ)."""
+    if rec.dtype != np.float64 or rec.ndim != 2 or rec.shape[1] != 4 or not rec.flags.c_contiguous:
+        raise ValueError("rec must be a C-contiguous float64[p, 4] record array")
+    return rec.view(np.int32)
+
 
 def new_path_state(p, ratio_capacity=1 << 16, touched_capacity=None, seed=0):
     """Allocate the state arrays of one path (all features alive, w = 0).
 
-    Returns a dict with keys w, alive, kt, w_start, touched, istate, fstate, cnt_evid, cnt_surv,
-    cnt_upd, ratios (see the module docstring for layouts).
+    Returns a dict with keys rec, touched, istate, fstate, ratios (see the module docstring for layouts).
     """
     p = int(p)
     cap_t = p if touched_capacity is None else int(min(p, touched_capacity))
     istate = np.zeros(ISTATE_SIZE, dtype=np.int64)
     istate[I_RNG] = np.int64(seed & 0x7FFFFFFFFFFFFFFF)
     return {
-        "w": np.zeros(p, dtype=np.float64),
-        "alive": np.ones(p, dtype=np.bool_),
-        "kt": np.zeros(p, dtype=np.int64),
-        "w_start": np.zeros(p, dtype=np.float64),
+        "rec": np.zeros((p, 4), dtype=np.float64),
         "touched": np.zeros(max(cap_t, 1), dtype=np.int64),
         "istate": istate,
         "fstate": np.zeros(FSTATE_SIZE, dtype=np.float64),
-        "cnt_evid": np.zeros(p, dtype=np.int64),
-        "cnt_surv": np.zeros(p, dtype=np.int64),
-        "cnt_upd": np.zeros(p, dtype=np.int64),
         "ratios": np.zeros((max(int(ratio_capacity), 1), 2), dtype=np.float64),
     }
 
 
-def reset_stage(istate, cnt_evid, cnt_surv, cnt_upd):
-    """Start a new stage: zero the stage counters, the ratio buffer fill and the stage burst count.
+def views(state):
+    """Column views of a path state's record: w, w_start (float64), kt, cnt_evid, cnt_surv, cnt_upd (int32,
+    writable views), and ``alive`` (a bool copy: kt ≥ 0)."""
+    rec = state["rec"]
+    irec = int_view(rec)
+    return {"w": rec[:, R_W], "w_start": rec[:, R_WSTART], "kt": irec[:, RI_KT], "cnt_evid": irec[:, RI_EVID],
+            "cnt_surv": irec[:, RI_SURV], "cnt_upd": irec[:, RI_UPD], "alive": irec[:, RI_KT] >= 0}
+
+
+def purge_features(rec, idx):
+    """(ST-8) in place: w_j = 0 and j marked purged (k̃_j = −1) for the feature ids ``idx``.
+
+    Only between bursts (k̃ = 0 for alive features then)."""
+    idx = np.asarray(idx, dtype=np.int64)
+    rec[idx, R_W] = 0.0
+    int_view(rec)[idx, RI_KT] = PURGED
+
+
+def reset_stage(istate, rec=None):
+    """Start a new stage: zero the ratio buffer fill and the stage burst count, and the stage counters
+    c, b, κ of ``rec`` when given (the driver passes none: it zeroes them in ``apply``).
 
     Must be called at a burst boundary (istate[I_POS] == 0), which is where stages end.
     """
     if istate[I_POS] != 0 or istate[I_NTOUCHED] != 0:
         raise ValueError("reset_stage called inside an open burst")
-    cnt_evid[:] = 0
-    cnt_surv[:] = 0
-    cnt_upd[:] = 0
+    if rec is not None:
+        int_view(rec)[:, RI_EVID:RI_UPD + 1] = 0
     istate[I_NRATIOS] = 0
     istate[I_RATIOS_SEEN] = 0
     istate[I_STAGE_BURSTS] = 0
-
-
-@numba.njit(cache=True, nogil=True, inline="always")
-def _soft(v, a):
-    """(C-1) S(v, a) = sign(v)·max(|v| − a, 0); a = 0 returns v unchanged."""
-    if v > a:
-        return v - a
-    if v < -a:
-        return v + a
-    return 0.0
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
@@ -152,24 +179,25 @@ def _splitmix64(state):
     z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
     z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
     z = z ^ (z >> np.uint64(31))
-    return s, float(z >> np.uint64(11)) * (1.0 / 9007199254740992.0)
+    # z >> 11 < 2^53: the signed conversion is exact and cheaper than the unsigned one
+    return s, float(np.int64(z >> np.uint64(11))) * (1.0 / 9007199254740992.0)
 
 
 @numba.njit(cache=True, nogil=True)
-def _select_kth(touched, n, key, k):
+def _select_kth(touched, n, rec, col, k):
     """Reorder touched[:n] in place so touched[k] holds the feature of the k-th smallest key
-    (0-based), like np.partition; returns that key. Iterative quickselect, middle pivot."""
+    rec[j, col] (0-based), like np.partition; returns that key. Iterative quickselect, middle pivot."""
     lo = 0
     hi = n - 1
     while lo < hi:
         mid = (lo + hi) // 2
-        pivot = key[touched[mid]]
+        pivot = rec[touched[mid], col]
         i = lo
         j = hi
         while i <= j:
-            while key[touched[i]] < pivot:
+            while rec[touched[i], col] < pivot:
                 i += 1
-            while key[touched[j]] > pivot:
+            while rec[touched[j], col] > pivot:
                 j -= 1
             if i <= j:
                 tmp = touched[i]
@@ -183,7 +211,7 @@ def _select_kth(touched, n, key, k):
             lo = i
         else:
             break
-    return key[touched[k]]
+    return rec[touched[k], col]
 
 
 @numba.njit(cache=True, nogil=True)
@@ -199,13 +227,12 @@ def _quantile_rank(beta, n):
 
 
 @numba.njit(cache=True, nogil=True)
-def stsgd_close_burst(w, kt, w_start, touched, istate, fstate, cnt_evid, cnt_surv, cnt_upd,
-                      ratios, g0, informative, quantile_first_burst, beta):
+def stsgd_close_burst(rec, irec, touched, istate, fstate, ratios, g0, informative, quantile_first_burst, beta):
     """Close the open burst: record ratios (ST-9), truncate touched coordinates (ST-4 / ST-2),
     update the stage counters (ST-6 / ST-11), reset k̃. A no-op on an empty burst (pos == 0).
 
-    Called by :func:`stsgd_block` after every K-th update; the engine may call it once at the very
-    end of training to close a partial last burst (its uniform amount is then g0·pos).
+    ``irec`` must be ``int_view(rec)``. Called by :func:`stsgd_block` after every K-th update; the engine
+    may call it once at the very end of a stage to close a partial burst (its uniform amount is then g0·pos).
     """
     pos = istate[I_POS]
     if pos == 0:
@@ -216,22 +243,24 @@ def stsgd_close_burst(w, kt, w_start, touched, istate, fstate, cnt_evid, cnt_sur
         # pass 1: per-feature movement ratio r_j = |Δw_j| / k̃_j, kept in w_start[j]; its quantile
         for i in range(n):
             j = touched[i]
-            w_start[j] = abs(w[j] - w_start[j]) / kt[j]
+            rec[j, R_WSTART] = abs(rec[j, R_W] - rec[j, R_WSTART]) / irec[j, RI_KT]
         if beta <= 0.0 or n == 0:
             g = 0.0
         else:
             k = _quantile_rank(beta, n)
-            g = _select_kth(touched, n, w_start, k - 1)
+            g = _select_kth(touched, n, rec, R_WSTART, k - 1)
     # record ratio (ST-9 buffer; uniform reservoir once full), truncate, count
     cap = ratios.shape[0]
     seen = istate[I_RATIOS_SEEN]
     rng = np.uint64(istate[I_RNG])
     for i in range(n):
         j = touched[i]
+        kj = irec[j, RI_KT]
+        wj = rec[j, R_W]
         if quantile_first_burst:
-            r = w_start[j]
+            r = rec[j, R_WSTART]
         else:
-            r = abs(w[j] - w_start[j]) / kt[j]
+            r = abs(wj - rec[j, R_WSTART]) / kj
         if seen < cap:
             ratios[seen, 0] = float(j)
             ratios[seen, 1] = r
@@ -243,18 +272,16 @@ def stsgd_close_burst(w, kt, w_start, touched, istate, fstate, cnt_evid, cnt_sur
             if slot < cap:
                 ratios[slot, 0] = float(j)
                 ratios[slot, 1] = r
-        kj = kt[j]
         if informative:
             a = g * kj
         else:
             a = g * pos
-        v = _soft(w[j], a)
-        w[j] = v
-        cnt_evid[j] += 1
-        cnt_upd[j] += kj
-        if v != 0.0:
-            cnt_surv[j] += 1
-        kt[j] = 0
+        v = _soft(wj, a)
+        rec[j, R_W] = v
+        irec[j, RI_EVID] += 1
+        irec[j, RI_UPD] += kj
+        irec[j, RI_SURV] += v != 0.0  # branch-free: survival is a coin flip for the predictor
+        irec[j, RI_KT] = 0
     istate[I_RATIOS_SEEN] = seen
     istate[I_NRATIOS] = min(seen, cap)
     istate[I_RNG] = np.int64(rng)
@@ -266,9 +293,8 @@ def stsgd_close_burst(w, kt, w_start, touched, istate, fstate, cnt_evid, cnt_sur
 
 
 @numba.njit(cache=True, nogil=True)
-def stsgd_block(indptr, indices, data, y, rows, start, w, alive, kt, w_start, touched, istate,
-                fstate, cnt_evid, cnt_surv, cnt_upd, ratios, eta, schedule, K, g0, loss,
-                hinge_at_one, informative, count_violations_only, fit_bias, max_bursts,
+def stsgd_block(indptr, indices, data, y, rows, start, rec, irec, touched, istate, fstate, ratios, eta,
+                schedule, K, g0, loss, hinge_at_one, informative, count_violations_only, fit_bias, max_bursts,
                 quantile_first_burst, beta):
     """Advance one STSGD path over rows[start:] of a CSR block; returns the number of rows consumed.
 
@@ -277,7 +303,8 @@ def stsgd_block(indptr, indices, data, y, rows, start, w, alive, kt, w_start, to
     ``informative`` is False (ST-2 on touched coordinates). Stops right after the burst that makes
     istate[I_STAGE_BURSTS] == max_bursts (max_bursts ≤ 0: no limit) or when the rows run out (the
     open burst then stays in the state). η_t = eta (schedule 0) or eta/√t (schedule 1), t = the
-    path's update count after increment. ``loss`` is a code of kernels.losses.
+    path's update count after increment. ``loss`` is a code of kernels.losses. ``irec`` must be
+    ``int_view(rec)``.
     """
     if K < 1:
         raise ValueError("stsgd_block: K must be >= 1")
@@ -295,8 +322,8 @@ def stsgd_block(indptr, indices, data, y, rows, start, w, alive, kt, w_start, to
         f = fstate[F_BIAS]
         for q in range(lo, hi):
             j = indices[q]
-            if alive[j]:
-                f += w[j] * data[q]
+            if irec[j, RI_KT] >= 0:
+                f += rec[j, R_W] * data[q]
         t = istate[I_T] + 1
         istate[I_T] = t
         fstate[F_LOSS_SUM] += loss_fn(f, yi, loss)
@@ -310,24 +337,26 @@ def stsgd_block(indptr, indices, data, y, rows, start, w, alive, kt, w_start, to
             nt = istate[I_NTOUCHED]
             for q in range(lo, hi):
                 j = indices[q]
-                if alive[j]:
-                    if kt[j] == 0:
+                kj = irec[j, RI_KT]
+                if kj >= 0:
+                    wj = rec[j, R_W]
+                    if kj == 0:
                         if nt >= cap_t:
                             istate[I_NTOUCHED] = nt
                             raise ValueError("stsgd_block: touched buffer too small")
                         touched[nt] = j
                         nt += 1
-                        w_start[j] = w[j]
-                    kt[j] += 1
-                    w[j] -= step * data[q]
+                        rec[j, R_WSTART] = wj
+                    irec[j, RI_KT] = kj + 1
+                    rec[j, R_W] = wj - step * data[q]
             istate[I_NTOUCHED] = nt
         if fit_bias:
             fstate[F_BIAS] -= e * d
         istate[I_POS] += 1
         consumed += 1
         if istate[I_POS] >= K:
-            stsgd_close_burst(w, kt, w_start, touched, istate, fstate, cnt_evid, cnt_surv,
-                              cnt_upd, ratios, g0, informative, quantile_first_burst, beta)
+            stsgd_close_burst(rec, irec, touched, istate, fstate, ratios, g0, informative, quantile_first_burst,
+                              beta)
             if max_bursts > 0 and istate[I_STAGE_BURSTS] >= max_bursts:
                 break
     return consumed
