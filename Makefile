@@ -34,7 +34,7 @@ demo: $(VENV)/.installed-test
 	$(BIN)/sparsepipe evaluate $(DEMO)/model.npz $(DEMO)/store.zarr --split holdout
 
 bench: $(VENV)/.installed-bench
-	$(BIN)/python benchmarks/run_all.py
+	$(BIN)/python -m benchmarks.run_all
 
 clean:
 	rm -rf $(DEMO) .pytest_cache
