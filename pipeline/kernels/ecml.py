@@ -3,7 +3,8 @@
 * ``nssl_block``   — (E-1)–(E-3): perceptron step only when y·w·x ≤ τ, then S(·, a) on the touched weights;
 * ``smidas_block`` — (E-4)–(E-6): p-norm link mirror descent, soft threshold of the dual θ over its active
   list, link evaluated stably with M = max|θ|, w·x by plain left-to-right float64 summation;
-* ``scd_steps``    — (E-7)–(E-9): stochastic coordinate descent over CSC columns with cached margins z;
+* ``scd_steps``    — (E-7)–(E-9): stochastic coordinate descent over CSC columns with cached margins z and a
+  per-coordinate curvature bound β_j (``column_curvature``: β·mean_i x_ij², or the paper's constant β);
 * ``grades_block`` — the block part of (E-10): g += X_bᵀ(y_b − X_b w), Ψ += ½‖y_b − X_b w‖².
 
 All kernels mutate their state arrays in place and allocate nothing in the row loop.
@@ -178,28 +179,47 @@ def smidas_weights(theta, p, out):
 def scd_steps(cindptr, rowidx, cdata, y, z, w, coords, beta, lam, loss):
     """Stochastic coordinate descent (E-7)–(E-9) for each coordinate in ``coords`` (CSC columns).
 
-    g_j = (1/m)·Σ_{i ∈ col j} ℓ'(z_i, y_i)·x_ij;  w_j ← S(w_j − g_j/β, λ/β);  z_i += Δ·x_ij on the column.
-    ``z`` (float64[m]) are the cached margins Xw, ``beta`` = 1/4 (logistic) or 1 (squared).
+    g_j = (1/m)·Σ_{i ∈ col j} ℓ'(z_i, y_i)·x_ij;  w_j ← S(w_j − g_j/β_j, λ/β_j);  z_i += Δ·x_ij on the column.
+    ``z`` (float64[m]) are the cached margins Xw; ``beta`` (float64[d]) is a per-coordinate curvature bound
+    β_j ≥ ∂²/∂w_j² of the mean loss: the paper's constant 1/4 (logistic) or 1 (squared) for every j, or
+    that constant times (1/m)·Σ_i x_ij² (``column_curvature``). A column with β_j = 0 is empty: the loss does
+    not depend on w_j, whose minimiser is 0 (λ > 0) or anything (λ = 0, w_j is left as it is).
     """
     m = z.shape[0]
     inv_m = 1.0 / m
-    a = lam / beta
     for s in range(coords.shape[0]):
         j = coords[s]
         lo = cindptr[j]
         hi = cindptr[j + 1]
+        bj = beta[j]
+        old = w[j]
+        if bj <= 0.0:
+            if lam > 0.0 and old != 0.0:
+                w[j] = 0.0
+            continue
         g = 0.0
         for k in range(lo, hi):
             i = rowidx[k]
             g += dloss(z[i], y[i], loss, False) * cdata[k]
         g *= inv_m
-        old = w[j]
-        new = _soft(old - g / beta, a)
+        new = _soft(old - g / bj, lam / bj)
         delta = new - old
         if delta != 0.0:
             w[j] = new
             for k in range(lo, hi):
                 z[rowidx[k]] += delta * cdata[k]
+
+
+@numba.njit(cache=True, nogil=True)
+def column_curvature(cindptr, cdata, m, beta, out):
+    """out[j] = β·(1/m)·Σ_i x_ij² over the CSC columns: the exact coordinate-wise Lipschitz constant of the
+    gradient of (1/m)Σℓ(w·x_i, y_i) when ℓ'' ≤ β (a tighter bound than the paper's β whenever |x_ij| ≤ 1)."""
+    inv_m = 1.0 / max(1, m)
+    for j in range(cindptr.shape[0] - 1):
+        acc = 0.0
+        for k in range(cindptr[j], cindptr[j + 1]):
+            acc += cdata[k] * cdata[k]
+        out[j] = beta * acc * inv_m
 
 
 @numba.njit(cache=True, nogil=True)
