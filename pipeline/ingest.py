@@ -346,6 +346,7 @@ STATS_CHUNK = 1 << 20
 def source_stats_task(root: str, keys: list[str], n_features: int, base: str | None, out: str) -> None:
     """Dask task: sum the per-block feature statistics of ``keys`` (plus a previous version) and write them
     to ``root/out`` on the worker (the dense arrays never travel to the client)."""
+    libsvm.release_scratch()  # the parse tasks' column scratch is not needed any more on this worker
     col_nnz = np.zeros(n_features, dtype=np.int64)
     col_sumsq = np.zeros(n_features, dtype=np.float64)
     if base is not None:
