@@ -54,7 +54,7 @@ def ingest(
         typer.echo(f"{summary['store']}: {summary['new_rows']:,} rows added in {summary['new_blocks']} blocks "
                    f"({summary['n_rows']:,} rows x {summary['n_features']:,} features, {summary['nnz']:,} "
                    f"non-zeros; {summary['holdout_blocks']} holdout blocks) in {summary['seconds']:.1f}s, "
-                   f"{summary['bytes_read'] / 1e6 / max(summary['seconds'], 1e-9):,.0f} MB/s")
+                   f"{summary['bytes_read'] / 1e6 / max(summary['seconds'], 1e-9):,.1f} MB/s")
         if summary["skipped_lines"]:
             typer.echo(f"skipped {summary['skipped_lines']} malformed lines, listed in "
                        f"{summary['store']}/{summary['skipped_file']}")

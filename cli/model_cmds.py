@@ -174,6 +174,9 @@ def train(
                    f"{model.nnz:,} non-zero weights (density {model.density:.4f})" +
                    (f"; holdout error {h['error']:.4f}, AUC {h['auc']:.4f}" if "error" in h else "") +
                    (f"; holdout RMSE {h['rmse']:.4f}" if "rmse" in h else ""))
+        if not h:
+            typer.echo(f"note: {store} has no holdout blocks; measure the model with "
+                       f"`sparsepipe evaluate {out} TEST_STORE --split all`", err=True)
 
 
 _PRINTED = {"pass", "stage", "nnz", "density", "seconds", "elapsed", "holdout"}
