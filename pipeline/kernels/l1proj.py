@@ -11,7 +11,7 @@ import numba
 import numpy as np
 
 from .losses import dloss
-from .projection import l1tree_axpy_project, l1tree_dot, project_l1_sort
+from .projection import _STACK, l1tree_axpy_project_stk, l1tree_dot, project_l1_sort
 
 
 @numba.njit(cache=True, nogil=True)
@@ -20,6 +20,7 @@ def l1proj_block(indptr, indices, data, y, rows, fnode, inode, sgn, fsc, isc, is
     """Advance projected SGD over ``rows`` of one CSR block (cost O(Σ nnz(row)·log p) expected)."""
     t = istate[0]
     b = fstate[0]
+    stk = np.empty(_STACK, np.int64)  # the treap's scratch stack, shared by every row of the block
     for r in range(rows.shape[0]):
         i = rows[r]
         lo = indptr[i]
@@ -31,7 +32,7 @@ def l1proj_block(indptr, indices, data, y, rows, fnode, inode, sgn, fsc, isc, is
         f = l1tree_dot(fnode, inode, sgn, fsc, isc, idx, val) + b
         d = dloss(f, y[i], loss, hinge_at_one)
         if d != 0.0:
-            l1tree_axpy_project(fnode, inode, sgn, fsc, isc, idx, val, -e * d, z)
+            l1tree_axpy_project_stk(fnode, inode, sgn, fsc, isc, idx, val, -e * d, z, stk)
             if fit_bias:
                 b -= e * d
     istate[0] = t

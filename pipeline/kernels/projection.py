@@ -892,7 +892,14 @@ def l1tree_axpy_project(fnode, inode, sgn, fsc, isc, idx, data, alpha, z):
     §4 sparse online version with the [R] treap and dead nodes: each touched j is deleted and re-inserted
     with raw key r_j = |w_j + α g_j| + Θ; if the tracked ‖w‖₁ exceeds z the pivot search sets
     Θ = (s − z)/c and ‖w‖₁ = z. Validates idx/data before mutating. Returns True if it projected.
+    Learners calling this per row should use ``l1tree_axpy_project_stk`` with one reused stack.
     """
+    return l1tree_axpy_project_stk(fnode, inode, sgn, fsc, isc, idx, data, alpha, z, np.empty(_STACK, np.int64))
+
+
+@numba.njit(**_JIT)
+def l1tree_axpy_project_stk(fnode, inode, sgn, fsc, isc, idx, data, alpha, z, stk):
+    """``l1tree_axpy_project`` with a caller-provided scratch stack (no allocation per call)."""
     p = sgn.shape[0]
     k = idx.shape[0]
     if data.shape[0] != k:
@@ -909,7 +916,6 @@ def l1tree_axpy_project(fnode, inode, sgn, fsc, isc, idx, data, alpha, z):
     l1 = fsc[FSC_L1]
     root = isc[ISC_ROOT]
     nnz = isc[ISC_NNZ]
-    stk = np.empty(_STACK, np.int64)
     for t in range(k):
         g = alpha * data[t]
         if g == 0.0:
