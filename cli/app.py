@@ -17,9 +17,9 @@ def fail(msg: str, code: int = 1):
 
 
 def emit_json(obj) -> None:
-    from pipeline.model import _json_default
+    from pipeline.model import json_default
 
-    typer.echo(json.dumps(obj, indent=1, default=_json_default))
+    typer.echo(json.dumps(obj, indent=1, default=json_default))
 
 
 class Progress:

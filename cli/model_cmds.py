@@ -16,8 +16,8 @@ RUN_KEYS = {"algo", "passes", "paths", "seed", "workers", "scheduler", "placemen
 SWITCHES = {"no_informative": ("informative", False), "no_stability": ("stability", False)}
 
 
-def load_config(path: Path | None, allowed: set) -> dict:
-    """Flat TOML (or a [train] table) whose keys are option names; unknown keys are an error."""
+def read_config(path: Path | None) -> dict:
+    """Flat TOML (or a [train] table) whose keys are option names (dashes or underscores)."""
     if path is None:
         return {}
     try:
@@ -28,11 +28,13 @@ def load_config(path: Path | None, allowed: set) -> dict:
     except tomllib.TOMLDecodeError as e:
         fail(f"{path}: invalid TOML ({e})")
     cfg = cfg.get("train", cfg)
-    cfg = {k.replace("-", "_"): v for k, v in cfg.items() if not isinstance(v, dict)}
+    return {k.replace("-", "_"): v for k, v in cfg.items() if not isinstance(v, dict)}
+
+
+def check_config_keys(cfg: dict, allowed: set, path: Path | None) -> None:
     unknown = sorted(set(cfg) - allowed)
     if unknown:
         fail(f"{path}: unknown key(s) {', '.join(unknown)}; known: {', '.join(sorted(allowed))}")
-    return cfg
 
 
 def _hyper_names(algo: str) -> set:
@@ -103,11 +105,10 @@ def train(
                                  stage_blocks=stage_blocks, fixed_gravity=fixed_gravity,
                                  shuffle_window=shuffle_window).items()
            if v is not None}
-    name = cli.get("algo")
-    if name is None and config is not None:
-        name = load_config(config, RUN_KEYS | _all_hyper()).get("algo")
-    name = name or "tg"
+    cfg = read_config(config)
+    name = cli.get("algo") or cfg.get("algo") or "tg"
     hyper = _hyper_names(name)
+    check_config_keys(cfg, RUN_KEYS | hyper, config)
     for flag, on in (("no_informative", no_informative), ("no_stability", no_stability)):
         if on:
             key, val = SWITCHES[flag]
@@ -116,7 +117,7 @@ def train(
             cli[key] = val
     if "fixed_gravity" in cli and "fixed_gravity" not in hyper:
         fail(f"--fixed-gravity applies to stsgd, not {name}", 2)
-    opts = {**load_config(config, RUN_KEYS | hyper), **cli}
+    opts = {**cfg, **cli}
     try:
         from pipeline.algorithms import parse_setting
 
@@ -194,15 +195,6 @@ def _write_record(path: Path, history: list) -> None:
             f.write(json.dumps({"stage": h["stage"], "pass": h["pass"], "density": h.get("density"),
                                 "nnz": h.get("nnz"), **{f"holdout_{k}": v for k, v in ho.items()}}) + "\n")
     os.replace(tmp, path)
-
-
-def _all_hyper() -> set:
-    from pipeline.algorithms import ALGORITHMS
-
-    names = set()
-    for a in ALGORITHMS:
-        names |= _hyper_names(a)
-    return names
 
 
 @app.command()

@@ -289,8 +289,8 @@ def run_stages(ex, algo: Algorithm, states: list, gstate: dict, data: DataRef, s
     decision = None
     stage = 0
     t_start = time.time()
+    passes = _passes(ex, states)
     while True:
-        passes = [int(ex.result(ex.submit(_cursor_pass, s))) for s in states] if stage == 0 else passes
         if min(passes) >= spec.end_pass or (max_stages is not None and stage >= max_stages):
             break
         t0 = time.time()
@@ -310,7 +310,7 @@ def run_stages(ex, algo: Algorithm, states: list, gstate: dict, data: DataRef, s
             states, gstate, decision = before
             break
         states = [ex.submit(apply_task, algo, s, decision) for s in states]
-        passes = [int(ex.result(ex.submit(_cursor_pass, s))) for s in states]
+        passes = _passes(ex, states)
         stage += 1
         rec = {"stage": stage, "pass": min(passes), **diag, "seconds": round(time.time() - t0, 4),
                "elapsed": round(time.time() - t_start, 3)}
@@ -327,6 +327,11 @@ def run_stages(ex, algo: Algorithm, states: list, gstate: dict, data: DataRef, s
 
 def _cursor_pass(state):
     return state[CURSOR][0]
+
+
+def _passes(ex, states) -> list:
+    """Each path's current pass index (its cursor lives with the state, possibly on a worker)."""
+    return [int(ex.result(ex.submit(_cursor_pass, s))) for s in states]
 
 
 def _run_single(algo, states, gstate, data, spec, holdout, evaluate_every):

@@ -298,26 +298,10 @@ def _stream_task(root: str, task: Task, o: IngestOptions, kw: dict) -> list[dict
     block_bytes = int(o.block_mb * (1 << 20))
     out = []
     lines_before = 0
-    carry = b""
     seq = 0
     try:
-        f = _open(task.path, task.compression)
-        with f:
-            eof = False
-            while not eof:
-                piece = f.read(block_bytes)
-                eof = not piece
-                buf = carry + piece
-                if not eof:
-                    nl = buf.rfind(b"\n")
-                    if nl < 0:
-                        carry = buf
-                        continue
-                    buf, carry = buf[: nl + 1], buf[nl + 1:]
-                else:
-                    carry = b""
-                if not buf and eof:
-                    break
+        with _open(task.path, task.compression) as f:
+            for buf in libsvm.line_chunks(f, block_bytes):
                 parsed = libsvm.parse_buffer(buf, **kw)
                 key = f"{task.keys[0][:-6]}{seq:06d}"
                 res = _block_result(key, parsed, len(buf))

@@ -93,7 +93,7 @@ class Model:
                         arrays[f"state/path{m}/{k}"] = v
         for k, v in (self.gstate or {}).items():
             arrays[f"state/global/{k}"] = np.asarray(v)
-        arrays["meta"] = np.frombuffer(json.dumps(meta, default=_json_default).encode(), dtype=np.uint8)
+        arrays["meta"] = np.frombuffer(json.dumps(meta, default=json_default).encode(), dtype=np.uint8)
         d = os.path.dirname(os.path.abspath(path)) or "."
         fd, tmp = tempfile.mkstemp(prefix=".model-", suffix=".npz", dir=d)
         try:
@@ -109,7 +109,7 @@ class Model:
         return path
 
 
-def _json_default(o):
+def json_default(o):
     if isinstance(o, np.generic):
         return o.item()
     if isinstance(o, np.ndarray):

@@ -10,36 +10,19 @@ from pipeline.formats import libsvm
 CHUNK = 32 << 20
 
 
-def _text_chunks(path: str):
-    with open(path, "rb") as f:
-        carry = b""
-        while True:
-            piece = f.read(CHUNK)
-            if not piece:
-                if carry:
-                    yield carry
-                return
-            buf = carry + piece
-            nl = buf.rfind(b"\n")
-            if nl < 0:
-                carry = buf
-                continue
-            yield buf[: nl + 1]
-            carry = buf[nl + 1:]
-
-
 def _rows_of_text(path: str, zero_based: bool, n_features: int):
     import scipy.sparse as sp
 
     line0 = 0
-    for buf in _text_chunks(path):
-        p = libsvm.parse_buffer(buf, zero_based=zero_based)
-        if p.errors:
-            ln, col, code = p.errors[0]
-            raise ValueError(f"{path}:{line0 + ln + 1}:{col}: {libsvm.ERROR_MESSAGES[code]}")
-        line0 += p.n_lines
-        width = max(n_features, p.max_index)
-        yield sp.csr_matrix((p.data, p.indices, p.indptr), shape=(p.n_rows, width))
+    with open(path, "rb") as f:
+        for buf in libsvm.line_chunks(f, CHUNK):
+            p = libsvm.parse_buffer(buf, zero_based=zero_based)
+            if p.errors:
+                ln, col, code = p.errors[0]
+                raise ValueError(f"{path}:{line0 + ln + 1}:{col}: {libsvm.ERROR_MESSAGES[code]}")
+            line0 += p.n_lines
+            width = max(n_features, p.max_index)
+            yield sp.csr_matrix((p.data, p.indices, p.indptr), shape=(p.n_rows, width))
 
 
 def predict_to_file(model, input_path: str, out_path: str, zero_based: bool = False) -> int:

@@ -1,19 +1,26 @@
 """Shared fixtures: a real 2-worker LocalCluster (loopback) and the shared real data sets."""
-import os
 from pathlib import Path
 
 import pytest
 
 DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
-SHIPPED = Path(__file__).resolve().parents[1] / "tests" / "data"
 
 
 def data_file(rel: str) -> Path:
-    """A real LIBSVM file from ../shared/data (skips when the shared folder is absent)."""
+    """A real LIBSVM file from ../shared/data; its absence is a failure, never a silent skip."""
     p = DATA / rel
     if not p.exists():
-        pytest.skip(f"{p} not available")
+        pytest.fail(f"{p} is missing: the tests read the shared data sets from ../shared/data")
     return p
+
+
+def ingest_shared(tmp_path_factory, client, rel: str, name: str, **options) -> str:
+    """Ingest one shared data file into a fresh store (for module-scoped store fixtures)."""
+    from pipeline.ingest import IngestOptions, ingest
+
+    out = tmp_path_factory.mktemp(name) / "s.zarr"
+    ingest([str(data_file(rel))], str(out), IngestOptions(**options), client=client)
+    return str(out)
 
 
 @pytest.fixture(scope="session")

@@ -16,17 +16,14 @@ from pipeline.model import load_model
 from pipeline.store import format as fmt
 from pipeline.store.reader import open_store
 from pipeline.train import fit
-from tests.conftest import data_file
+from tests.conftest import data_file, ingest_shared
 
 TG = {"eta": 0.3, "gravity": 2e-4, "K": 3, "schedule": "sqrt", "decay": 0.8}
 
 
 @pytest.fixture(scope="module")
 def store(tmp_path_factory, client):
-    out = tmp_path_factory.mktemp("eng") / "s.zarr"
-    ingest([str(data_file("rcv1_subset/rcv1_vw_small_train.svm"))], str(out), IngestOptions(block_mb=0.05, holdout=0.2),
-           client=client)
-    return str(out)
+    return ingest_shared(tmp_path_factory, client, "rcv1_subset/rcv1_vw_small_train.svm", "eng", block_mb=0.05, holdout=0.2)
 
 
 def same_model(a, b):

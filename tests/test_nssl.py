@@ -3,21 +3,17 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 
-from pipeline.ingest import IngestOptions, ingest
 from pipeline.kernels import ecml as K
 from pipeline.model import load_model
 from pipeline.train import fit
-from tests.conftest import data_file
+from tests.conftest import ingest_shared
 
 OPTS = {"eta": 0.2, "tau": 0.01, "lam": 1e-3}
 
 
 @pytest.fixture(scope="module")
 def store(tmp_path_factory, client):
-    out = tmp_path_factory.mktemp("nssl") / "dexter.zarr"
-    ingest([str(data_file("dexter/dexter_train.svm"))], str(out), IngestOptions(block_mb=0.05, holdout=0.2),
-           client=client)
-    return str(out)
+    return ingest_shared(tmp_path_factory, client, "dexter/dexter_train.svm", "nssl", block_mb=0.05, holdout=0.2)
 
 
 def random_csr(n=40, d=30, density=0.2, seed=0):

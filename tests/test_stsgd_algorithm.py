@@ -7,10 +7,9 @@ import pytest
 from typer.testing import CliRunner
 
 from pipeline.algorithms.stsgd import STSGD
-from pipeline.ingest import IngestOptions, ingest
 from pipeline.model import load_model
 from pipeline.train import fit
-from tests.conftest import data_file
+from tests.conftest import ingest_shared
 from tests.test_engine import same_model as same
 
 OPTS = {"eta": 0.05, "K": 4, "n_K": 8, "tol": 0.0, "gamma": -1.0, "pi0": 0.6, "beta0": 0.5}
@@ -18,10 +17,8 @@ OPTS = {"eta": 0.05, "K": 4, "n_K": 8, "tol": 0.0, "gamma": -1.0, "pi0": 0.6, "b
 
 @pytest.fixture(scope="module")
 def store(tmp_path_factory, client):
-    out = tmp_path_factory.mktemp("stsgd") / "s.zarr"
-    ingest([str(data_file("rcv1_subset/rcv1_vw_smaller_extra.svm"))], str(out),
-           IngestOptions(block_mb=0.03, holdout=0.2), client=client)
-    return str(out)
+    return ingest_shared(tmp_path_factory, client, "rcv1_subset/rcv1_vw_smaller_extra.svm", "stsgd",
+                         block_mb=0.03, holdout=0.2)
 
 
 def test_purged_features_stay_zero_and_stable_set_is_monotone(store):

@@ -15,6 +15,7 @@ Stage end, for every algorithm::
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any
 
 import numpy as np
@@ -33,6 +34,22 @@ def params_from_dict(cls, values: dict, where: str = "config"):
         raise ValueError(f"{where}: unknown option(s) {', '.join(unknown)} for {cls.__name__}; "
                          f"known: {', '.join(sorted(names))}")
     return cls(**values)
+
+
+def check_choice(name: str, value, choices) -> None:
+    """Validate a hyper-parameter that takes one of ``choices`` (a message naming the option)."""
+    if value not in choices:
+        raise ValueError(f"{name} must be one of {', '.join(choices)}, got {value!r}")
+
+
+def check_positive(name: str, value: float) -> None:
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError(f"{name} must be finite and > 0, got {value!r}")
+
+
+def check_nonnegative(name: str, value: float) -> None:
+    if not (math.isfinite(value) and value >= 0):
+        raise ValueError(f"{name} must be finite and >= 0, got {value!r}")
 
 
 class Algorithm:

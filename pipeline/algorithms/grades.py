@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pipeline.algorithms.base import Algorithm
+from pipeline.algorithms.base import Algorithm, check_positive
 from pipeline.algorithms.nssl import nnz_diag
 from pipeline.kernels import ecml as K
 
@@ -31,8 +31,7 @@ class GraDesParams:
     s_frac: float = 0.0             # support size as a fraction of p (used when s = 0)
 
     def __post_init__(self):
-        if not (math.isfinite(self.gamma) and self.gamma > 0):
-            raise ValueError(f"gamma must be finite and > 0, got {self.gamma!r}")
+        check_positive("gamma", self.gamma)
         if self.s < 0:
             raise ValueError(f"s must be >= 0, got {self.s!r}")
         if not (0 <= self.s_frac <= 1):

@@ -7,12 +7,11 @@ L1 ball lies in the ball, so the mixed model stays feasible (the last rounding e
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import numpy as np
 
-from pipeline.algorithms.base import Algorithm
+from pipeline.algorithms.base import Algorithm, check_choice, check_nonnegative, check_positive
 from pipeline.algorithms.sgd import SCHEDULES
 from pipeline.kernels import l1proj as K
 from pipeline.kernels import projection as P
@@ -34,16 +33,11 @@ class L1ProjParams:
     hinge_at_one: bool = False
 
     def __post_init__(self):
-        if not (math.isfinite(self.radius) and self.radius > 0):
-            raise ValueError(f"radius must be finite and > 0, got {self.radius!r}")
-        if self.loss not in LOSS_CODES:
-            raise ValueError(f"loss must be one of {', '.join(LOSS_CODES)}, got {self.loss!r}")
-        if self.schedule not in SCHEDULES:
-            raise ValueError(f"schedule must be one of {', '.join(SCHEDULES)}, got {self.schedule!r}")
-        if not (math.isfinite(self.eta) and self.eta > 0):
-            raise ValueError(f"eta must be finite and > 0, got {self.eta!r}")
-        if not (math.isfinite(self.power_t) and self.power_t >= 0):
-            raise ValueError(f"power_t must be finite and >= 0, got {self.power_t!r}")
+        check_positive("radius", self.radius)
+        check_choice("loss", self.loss, LOSS_CODES)
+        check_choice("schedule", self.schedule, SCHEDULES)
+        check_positive("eta", self.eta)
+        check_nonnegative("power_t", self.power_t)
 
 
 def _tree_state(st: P.L1TreeState) -> dict:

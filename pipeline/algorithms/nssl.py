@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pipeline.algorithms.base import Algorithm
+from pipeline.algorithms.base import Algorithm, check_nonnegative, check_positive
 from pipeline.kernels import ecml as K
 
 
@@ -33,12 +33,10 @@ class NSSLParams:
     density_bound: float = 1.0      # s: stop once nnz/p ≥ s (paper 0.4; 1.0 = off)
 
     def __post_init__(self):
-        if not (math.isfinite(self.eta) and self.eta > 0):
-            raise ValueError(f"eta must be finite and > 0, got {self.eta!r}")
+        check_positive("eta", self.eta)
         if not math.isfinite(self.tau):
             raise ValueError(f"tau must be finite, got {self.tau!r}")
-        if not (math.isfinite(self.lam) and self.lam >= 0):
-            raise ValueError(f"lam must be finite and >= 0, got {self.lam!r}")
+        check_nonnegative("lam", self.lam)
         if self.shrink not in ("lambda", "eta_lambda"):
             raise ValueError(f"shrink must be 'lambda' or 'eta_lambda', got {self.shrink!r}")
         if not (0 < self.density_bound <= 1):

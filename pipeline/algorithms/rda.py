@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pipeline.algorithms.base import Algorithm
+from pipeline.algorithms.base import Algorithm, check_choice, check_positive
 from pipeline.algorithms.nssl import nnz_diag
 from pipeline.kernels import rda as K
 from pipeline.kernels.losses import LOSS_CODES
@@ -30,14 +30,12 @@ class RDAParams:
     hinge_at_one: bool = False
 
     def __post_init__(self):
-        if self.loss not in LOSS_CODES:
-            raise ValueError(f"loss must be one of {', '.join(LOSS_CODES)}, got {self.loss!r}")
+        check_choice("loss", self.loss, LOSS_CODES)
         for name in ("lam", "rho"):
             v = getattr(self, name)
             if not (math.isfinite(v) and v >= 0):
                 raise ValueError(f"{name} must be finite and >= 0, got {v!r}")
-        if not (math.isfinite(self.gamma) and self.gamma > 0):
-            raise ValueError(f"gamma must be finite and > 0, got {self.gamma!r}")
+        check_positive("gamma", self.gamma)
 
 
 class RDA(Algorithm):

@@ -33,14 +33,13 @@ Curvature (the step is 1/β_j on coordinate j, the threshold λ/β_j). ℓ'' ≤
 from __future__ import annotations
 
 import hashlib
-import math
 from collections import OrderedDict
 from dataclasses import dataclass
 
 import numpy as np
 import scipy.sparse as sp
 
-from pipeline.algorithms.base import Algorithm
+from pipeline.algorithms.base import Algorithm, check_choice, check_nonnegative, check_positive
 from pipeline.algorithms.nssl import nnz_diag
 from pipeline.kernels import ecml as K
 from pipeline.kernels.losses import LOSS_CODES
@@ -61,12 +60,9 @@ class SCDParams:
     def __post_init__(self):
         if self.loss not in BETA:
             raise ValueError(f"loss must be one of {', '.join(BETA)} (SCD needs a smooth loss), got {self.loss!r}")
-        if not (math.isfinite(self.lam) and self.lam >= 0):
-            raise ValueError(f"lam must be finite and >= 0, got {self.lam!r}")
-        if not (math.isfinite(self.scan) and self.scan > 0):
-            raise ValueError(f"scan must be finite and > 0, got {self.scan!r}")
-        if self.curvature not in CURVATURES:
-            raise ValueError(f"curvature must be one of {', '.join(CURVATURES)}, got {self.curvature!r}")
+        check_nonnegative("lam", self.lam)
+        check_positive("scan", self.scan)
+        check_choice("curvature", self.curvature, CURVATURES)
 
 
 _M1, _M2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pipeline.algorithms.base import Algorithm
+from pipeline.algorithms.base import Algorithm, check_choice
 from pipeline.kernels import sgd as K
 from pipeline.kernels.losses import LOSS_CODES
 
@@ -35,10 +35,8 @@ class TGParams:
     hinge_at_one: bool = False
 
     def __post_init__(self):
-        if self.loss not in LOSS_CODES:
-            raise ValueError(f"loss must be one of {', '.join(LOSS_CODES)}, got {self.loss!r}")
-        if self.schedule not in SCHEDULES:
-            raise ValueError(f"schedule must be one of {', '.join(SCHEDULES)}, got {self.schedule!r}")
+        check_choice("loss", self.loss, LOSS_CODES)
+        check_choice("schedule", self.schedule, SCHEDULES)
         if not (0 < self.decay <= 1):
             raise ValueError(f"decay must be in (0, 1], got {self.decay}")
         power_t = 0.5 if self.schedule == "sqrt" else self.power_t

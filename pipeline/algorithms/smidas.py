@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pipeline.algorithms.base import Algorithm
+from pipeline.algorithms.base import Algorithm, check_choice, check_nonnegative, check_positive
 from pipeline.algorithms.nssl import nnz_diag, path_mean
 from pipeline.kernels import ecml as K
 from pipeline.kernels.losses import LOSS_CODES
@@ -30,14 +30,10 @@ class SMIDASParams:
     hinge_at_one: bool = False
 
     def __post_init__(self):
-        if self.loss not in LOSS_CODES:
-            raise ValueError(f"loss must be one of {', '.join(LOSS_CODES)}, got {self.loss!r}")
-        if not (math.isfinite(self.eta) and self.eta > 0):
-            raise ValueError(f"eta must be finite and > 0, got {self.eta!r}")
-        if not (math.isfinite(self.lam) and self.lam >= 0):
-            raise ValueError(f"lam must be finite and >= 0, got {self.lam!r}")
-        if not (math.isfinite(self.c) and self.c > 0):
-            raise ValueError(f"c must be finite and > 0, got {self.c!r}")
+        check_choice("loss", self.loss, LOSS_CODES)
+        check_positive("eta", self.eta)
+        check_nonnegative("lam", self.lam)
+        check_positive("c", self.c)
         if self.p != 0 and not (math.isfinite(self.p) and self.p >= 2):
             raise ValueError(f"p must be >= 2 (or 0 to use c·ln(d)), got {self.p!r}")
 

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from pipeline.algorithms import stsgd_rules as R
-from pipeline.algorithms.base import Algorithm
+from pipeline.algorithms.base import Algorithm, check_choice
 from pipeline.kernels import stsgd as KS
 from pipeline.kernels.losses import LOSS_CODES
 
@@ -108,8 +108,7 @@ class STSGDParams:
         set_(self, "fixed_gravity", None if fg == 0 else fg)
         if self.loss not in ("logistic", "hinge"):
             raise ValueError(f"loss must be logistic or hinge for stsgd, got {self.loss!r}")
-        if self.schedule not in SCHEDULES:
-            raise ValueError(f"schedule must be one of {', '.join(SCHEDULES)}, got {self.schedule!r}")
+        check_choice("schedule", self.schedule, SCHEDULES)
         if not (math.isfinite(self.eta) and self.eta > 0):
             raise ValueError(f"eta must be > 0, got {self.eta}")
         for name in ("K", "n_K", "ratio_capacity"):

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pipeline.algorithms.base import Algorithm
+from pipeline.algorithms.base import Algorithm, check_choice, check_positive
 from pipeline.kernels import two_stage as K
 from pipeline.kernels.l1proj import clip_to_l1_ball
 from pipeline.kernels.losses import LOSS_CODES
@@ -61,12 +61,9 @@ class TwoStageParams:
     def __post_init__(self):
         if math.isnan(self.l1_radius) or self.l1_radius <= 0:
             raise ValueError(f"l1_radius must be > 0 (inf allowed), got {self.l1_radius!r}")
-        if self.loss not in LOSS_CODES:
-            raise ValueError(f"loss must be one of {', '.join(LOSS_CODES)}, got {self.loss!r}")
-        if self.stage1 not in STAGE1:
-            raise ValueError(f"stage1 must be one of {', '.join(STAGE1)}, got {self.stage1!r}")
-        if not (math.isfinite(self.eta1) and self.eta1 > 0):
-            raise ValueError(f"eta1 must be finite and > 0, got {self.eta1!r}")
+        check_choice("loss", self.loss, LOSS_CODES)
+        check_choice("stage1", self.stage1, STAGE1)
+        check_positive("eta1", self.eta1)
         if int(self.T1) < 1:
             raise ValueError(f"T1 must be >= 1, got {self.T1!r}")
         if math.isnan(self.rho1) or self.rho1 < 0:
@@ -75,10 +72,8 @@ class TwoStageParams:
             raise ValueError(f"budget must be >= 0, got {self.budget!r}")
         if self.epochs < 0:
             raise ValueError(f"epochs must be >= 0, got {self.epochs!r}")
-        if self.sparsify not in METHODS:
-            raise ValueError(f"sparsify must be one of {', '.join(METHODS)}, got {self.sparsify!r}")
-        if self.nnz_mode not in NNZ_MODES:
-            raise ValueError(f"nnz_mode must be one of {', '.join(NNZ_MODES)}, got {self.nnz_mode!r}")
+        check_choice("sparsify", self.sparsify, METHODS)
+        check_choice("nnz_mode", self.nnz_mode, NNZ_MODES)
         if self.nnz < 0:
             raise ValueError(f"nnz must be >= 0, got {self.nnz!r}")
         if self.nnz and self.epsilon:

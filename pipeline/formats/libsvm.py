@@ -151,23 +151,6 @@ def _parse_number(buf, pos, hi):
 
 
 @numba.njit(cache=True, nogil=True)
-def count_lines_and_pairs(buf):
-    """Upper bounds for allocation: (number of line starts, number of ':' bytes)."""
-    n = buf.shape[0]
-    nl = 0
-    colons = 0
-    for i in range(n):
-        c = buf[i]
-        if c == _NL:
-            nl += 1
-        elif c == _COLON:
-            colons += 1
-    if n > 0 and buf[n - 1] != _NL:
-        nl += 1
-    return nl, colons
-
-
-@numba.njit(cache=True, nogil=True)
 def parse_libsvm(buf, one_based, width, skip_invalid, label_lo, label_hi, use_pair,
                  indptr, indices, data, labels, row_line, err_line, err_col, err_code):
     """Tokenize whole LIBSVM lines in ``buf`` into preallocated CSR arrays.
@@ -303,6 +286,25 @@ def parse_libsvm(buf, one_based, width, skip_invalid, label_lo, label_hi, use_pa
         indptr[nrows] = nnz
         line += 1
     return nrows, nnz, nerr, maxidx, line
+
+
+def line_chunks(f, size: int):
+    """Yield consecutive pieces of a binary stream of about ``size`` bytes that each hold whole lines
+    (the last may lack its final newline): the framing for parsing a stream chunk by chunk."""
+    carry = b""
+    while True:
+        piece = f.read(size)
+        if not piece:
+            if carry:
+                yield carry
+            return
+        buf = carry + piece
+        nl = buf.rfind(b"\n")
+        if nl < 0:
+            carry = buf
+            continue
+        yield buf[: nl + 1]
+        carry = buf[nl + 1:]
 
 
 @dataclass

@@ -81,12 +81,18 @@ def smidas_norm(theta, active, n_active, p, fstate):
         a = abs(theta[active[u]])
         if a > M:
             M = a
+    fstate[0] = M
+    fstate[1] = _power_sum(theta, active, n_active, M, p)
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _power_sum(theta, active, n_active, M, p):
+    """S = Σ_u (|θ_{active[u]}|/M)^p in list order (0 when M = 0): the scaled p-norm of (E-6)."""
     S = 0.0
     if M > 0.0:
         for u in range(n_active):
             S += (abs(theta[active[u]]) / M) ** p
-    fstate[0] = M
-    fstate[1] = S
+    return S
 
 
 @numba.njit(cache=True, nogil=True)
@@ -141,10 +147,7 @@ def smidas_block(indptr, indices, data, y, rows, theta, active, istate, fstate, 
                 if av > M:
                     M = av
         na = q
-        S = 0.0
-        if M > 0.0:
-            for u in range(na):
-                S += (abs(theta[active[u]]) / M) ** p
+        S = _power_sum(theta, active, na, M, p)
     istate[0] = na
     istate[1] = t
     fstate[0] = M
