@@ -11,7 +11,9 @@ from __future__ import annotations
 import fcntl
 import glob
 import hashlib
+import io
 import json
+import mmap
 import os
 import shutil
 import threading
@@ -23,6 +25,7 @@ import numpy as np
 
 from pipeline.formats import libsvm
 from pipeline.store import format as fmt
+from pipeline.store import stats
 
 COMPRESSIONS = {".gz": "gzip", ".bz2": "bz2", ".xz": "xz", ".zst": "zstd"}
 BINARY_ENCODINGS = ((-1.0, 1.0), (0.0, 1.0), (1.0, 2.0))
@@ -210,10 +213,12 @@ def read_owned_lines(f, start: int, end: int, size: int) -> np.ndarray:
         return np.zeros(0, np.uint8)
     lo = start - 1 if start > 0 else 0
     want = min(size, end + _TAIL) - lo
-    f.seek(lo)
-    buf = _read_buffer(want)[:want]
-    got = f.readinto(memoryview(buf))
-    buf = buf[:got]
+    buf = _map_range(f, lo, want)
+    if buf is None:
+        f.seek(lo)
+        buf = _read_buffer(want)[:want]
+        got = f.readinto(memoryview(buf))
+        buf = buf[:got]
     head = 0
     if start > 0:
         nl = _first_newline(buf, 0)
@@ -226,6 +231,7 @@ def read_owned_lines(f, start: int, end: int, size: int) -> np.ndarray:
     if stop >= 0:
         return buf[head:stop + 1]
     parts = [buf.copy()]  # a very long last line: keep reading until its newline
+    f.seek(lo + buf.shape[0])
     while True:
         piece = f.read(1 << 20)
         if not piece:
@@ -236,6 +242,25 @@ def read_owned_lines(f, start: int, end: int, size: int) -> np.ndarray:
             break
         parts.append(np.frombuffer(piece, np.uint8))
     return np.concatenate(parts)[head:]
+
+
+def _map_range(f, lo: int, n: int) -> np.ndarray | None:
+    """Bytes [lo, lo + n) of a local file as a read-only uint8 array over a memory map (pages come straight
+    from the page cache: no copy, no read buffer); None when ``f`` is not a local file. The map lives as
+    long as the array."""
+    try:
+        fd = f.fileno()
+    except (AttributeError, OSError, io.UnsupportedOperation):
+        return None
+    if n <= 0:
+        return np.zeros(0, np.uint8)
+    a = lo - lo % mmap.ALLOCATIONGRANULARITY
+    try:
+        m = mmap.mmap(fd, lo + n - a, flags=mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0),
+                      prot=mmap.PROT_READ, offset=a)
+    except (OSError, ValueError):
+        return None
+    return np.frombuffer(m, np.uint8)[lo - a:]
 
 
 def _first_newline(buf: np.ndarray, start: int) -> int:
@@ -257,7 +282,7 @@ def _block_result(key: str, parsed: libsvm.Parsed, nbytes: int) -> dict:
     res["label_values"] = vals.tolist()
     res["label_counts"] = counts.tolist()
     res["label_first_line"] = parsed.row_line[first].tolist()
-    sidx, snnz, ssum = libsvm.column_stats(parsed.indices, parsed.data, parsed.max_index)
+    sidx, snnz, ssum = parsed.stats_idx, parsed.stats_nnz, parsed.stats_sumsq
     labels32 = labels.astype(np.float32)
     res["checksum"] = fmt.checksum(parsed.indptr, parsed.indices, parsed.data, labels32)
     res["_arrays"] = (parsed.indptr, parsed.indices, parsed.data, labels32, sidx, snnz, ssum)
@@ -278,9 +303,10 @@ def _write_block(root: str, res: dict) -> dict:
 def parse_task(root: str, task: Task, opts: dict) -> list[dict]:
     """Dask task: parse one range (or a whole compressed stream) and write its block(s)."""
     o = IngestOptions(**opts)
+    fmt.one_codec_thread()
     skip = o.on_invalid == "skip"
     kw = dict(zero_based=o.zero_based, width=o.n_features if o.n_features else -1, skip_invalid=skip,
-              label_pair=o.label_pair, index_dtype=np.int32, value_dtype=np.dtype(o.dtype))
+              label_pair=o.label_pair, index_dtype=np.int32, value_dtype=np.dtype(o.dtype), column_stats=True)
     if task.compression is None:
         with _open(task.path) as f:
             buf = read_owned_lines(f, task.start, task.end, file_size(task.path))
@@ -324,28 +350,24 @@ def _stream_task(root: str, task: Task, o: IngestOptions, kw: dict) -> list[dict
     return out
 
 
-STATS_CHUNK = 1 << 20
-
-
 def source_stats_task(root: str, keys: list[str], n_features: int, base: str | None, out: str) -> None:
-    """Dask task: sum the per-block feature statistics of ``keys`` (plus a previous version) and write them
-    to ``root/out`` on the worker (the dense arrays never travel to the client)."""
-    libsvm.release_scratch()  # the parse tasks' column scratch is not needed any more on this worker
-    col_nnz = np.zeros(n_features, dtype=np.int64)
-    col_sumsq = np.zeros(n_features, dtype=np.float64)
-    if base is not None:
-        old_nnz = fmt.read_array(f"{root}/{base}", "col_nnz")
-        old_ss = fmt.read_array(f"{root}/{base}", "col_sumsq")
-        col_nnz[: old_nnz.shape[0]] += old_nnz
-        col_sumsq[: old_ss.shape[0]] += old_ss
-    for k in keys:
-        g = f"{root}/blocks/{k}"
-        libsvm.accumulate_column_stats(col_nnz, col_sumsq, fmt.read_array(g, "stats_idx"),
-                                       fmt.read_array(g, "stats_nnz"), fmt.read_array(g, "stats_sumsq"))
+    """Dask task: add the per-block feature statistics of ``keys`` (after those of a previous version
+    ``base``) in block order and write them to ``root/out`` on the worker (they never travel to the client)."""
+    fmt.one_codec_thread()
+    acc, bits = stats.scratch(n_features)
+    try:
+        if base is not None:
+            stats.add_stats(acc, bits, *stats.read_stats(f"{root}/{base}"))
+        for k in keys:
+            g = f"{root}/blocks/{k}"
+            stats.add_stats(acc, bits, fmt.read_array(g, "stats_idx"), fmt.read_array(g, "stats_nnz"),
+                            fmt.read_array(g, "stats_sumsq"))
+        feature, count, sumsq = stats.harvest(acc, bits)
+    except BaseException:
+        stats.release_scratch()  # not known to be zero any more
+        raise
     fmt.make_group(f"{root}/stats")
-    fmt.make_group(f"{root}/{out}")
-    fmt.write_array(f"{root}/{out}", "col_nnz", col_nnz, STATS_CHUNK)
-    fmt.write_array(f"{root}/{out}", "col_sumsq", col_sumsq, STATS_CHUNK)
+    stats.write_stats(f"{root}/{out}", feature, count, sumsq, n_features)
 
 
 # ------------------------------------------------------------------------------------ client side

@@ -4,6 +4,7 @@ import gzip
 import json
 import lzma
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -50,6 +51,15 @@ def lines(n, seed=0, width=50):
     return out
 
 
+def assert_stats_of_training_rows(st):
+    """The store's feature statistics equal the counts and sums of squares of its training rows."""
+    stats = st.feature_stats()
+    Xt = sp.vstack([b.X for b in st.blocks("train")]).tocsr().astype(np.float64)
+    assert np.array_equal(stats["col_nnz"], np.diff(Xt.tocsc().indptr))
+    np.testing.assert_allclose(stats["col_sumsq"], np.asarray(Xt.multiply(Xt).sum(axis=0)).ravel(), rtol=1e-12)
+    assert stats["n_rows"] == Xt.shape[0]
+
+
 @pytest.mark.parametrize("rel", SHARED)
 def test_round_trip_equals_sklearn(rel, tmp, client):
     f = data_file(rel)
@@ -62,10 +72,7 @@ def test_round_trip_equals_sklearn(rel, tmp, client):
     assert np.array_equal(X.data, Xr.data.astype(np.float32))
     assert np.array_equal(y, np.where(yr > 0, 1.0, -1.0))
     assert all(b.verify() for b in st.blocks("all"))
-    stats = st.feature_stats()
-    Xt = sp.vstack([b.X for b in st.blocks("train")]).tocsr().astype(np.float64)
-    assert np.array_equal(stats["col_nnz"], np.diff(Xt.tocsc().indptr))
-    np.testing.assert_allclose(stats["col_sumsq"], np.asarray(Xt.multiply(Xt).sum(axis=0)).ravel(), rtol=1e-12)
+    assert_stats_of_training_rows(st)
 
 
 def test_store_identical_with_one_or_two_workers(tmp, client):
@@ -152,10 +159,30 @@ def test_append_adds_rows_widens_and_refuses_the_same_file(tmp, client):
     assert (X != sp.vstack([Xa, Xb]).astype(np.float32)).nnz == 0
     assert st.manifest["manifest_version"] == before["manifest_version"] + 1
     assert [e["key"] for e in st.manifest["blocks"][: len(before["blocks"])]] == [e["key"] for e in before["blocks"]]
+    assert_stats_of_training_rows(st)
     with pytest.raises(IngestError, match="already ingested"):
         ingest([b], str(tmp / "s"), append=True, client=client)
     assert open_store(tmp / "s").manifest == st.manifest
     assert len(os.listdir(tmp / "s" / "stats")) == 2  # zarr.json + the current version only
+
+
+def test_format_1_dense_statistics_are_read_and_appended_to(tmp, client):
+    """Stores written before the sparse statistics layout (format 1: dense col_nnz/col_sumsq) still read,
+    and an append to one sums the old statistics with the new blocks'."""
+    a = write(tmp / "a.svm", "\n".join(lines(60, 4, width=20)))
+    ingest([a], str(tmp / "s"), IngestOptions(block_mb=0.001), client=client)
+    st = open_store(tmp / "s")
+    want = st.feature_stats()
+    g = str(tmp / "s" / st.manifest["stats"])
+    shutil.rmtree(g)
+    fmt.make_group(g)
+    fmt.write_array(g, "col_nnz", want["col_nnz"])
+    fmt.write_array(g, "col_sumsq", want["col_sumsq"])
+    got = open_store(tmp / "s").feature_stats()
+    assert np.array_equal(got["col_nnz"], want["col_nnz"]) and np.array_equal(got["col_sumsq"], want["col_sumsq"])
+    b = write(tmp / "b.svm", "\n".join(lines(40, 5, width=30)))
+    ingest([b], str(tmp / "s"), IngestOptions(block_mb=0.001), append=True, client=client)
+    assert_stats_of_training_rows(open_store(tmp / "s"))
 
 
 def test_existing_store_is_not_overwritten(tmp, client):

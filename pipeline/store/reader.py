@@ -9,6 +9,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from pipeline.store import format as fmt
+from pipeline.store import stats
 
 SPLITS = ("train", "holdout", "all")
 
@@ -103,9 +104,8 @@ class Store:
 
     def feature_stats(self) -> dict:
         """Per-feature non-zero counts and sums of squares over the training split (length n_features)."""
-        g = f"{self.path}/{self.manifest['stats']}"
-        return {"col_nnz": fmt.read_array(g, "col_nnz"), "col_sumsq": fmt.read_array(g, "col_sumsq"),
-                "n_rows": sum(e["rows"] for e in self.entries("train"))}
+        col_nnz, col_sumsq = stats.dense_stats(f"{self.path}/{self.manifest['stats']}", self.n_features)
+        return {"col_nnz": col_nnz, "col_sumsq": col_sumsq, "n_rows": sum(e["rows"] for e in self.entries("train"))}
 
     def to_dask(self, split: str = "all"):
         """dask.array of shape (rows, n_features) whose chunks are ``sparse.GCXS`` blocks."""

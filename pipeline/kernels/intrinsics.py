@@ -1,0 +1,63 @@
+"""LLVM intrinsics for numba kernels: raw data pointers, prefetch, unaligned 8-byte loads, trailing zeros."""
+from __future__ import annotations
+
+from llvmlite import ir
+from numba.core import cgutils, types as nbt
+from numba.extending import intrinsic
+
+
+@intrinsic
+def base(typingctx, arr):
+    """Data pointer of a C-contiguous 1-D array: a scalar, so inlined helpers take it without refcounts,
+    and its indexing has no negative-index wraparound."""
+    if not (isinstance(arr, nbt.Array) and arr.ndim == 1 and arr.layout == "C"):
+        return None
+
+    def codegen(context, builder, sig, args):
+        return context.make_array(sig.args[0])(context, builder, args[0]).data
+
+    return nbt.CPointer(arr.dtype)(arr), codegen
+
+
+@intrinsic
+def prefetch(typingctx, p, i):
+    """Hint the cache line of p[i] into the cache (no fault on a bad address)."""
+    if not (isinstance(p, nbt.CPointer) and isinstance(i, nbt.Integer)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        k = context.cast(builder, args[1], sig.args[1], nbt.intp)
+        ptr = builder.bitcast(builder.gep(args[0], [k]), ir.IntType(8).as_pointer())
+        i32 = ir.IntType(32)
+        fnty = ir.FunctionType(ir.VoidType(), [ir.IntType(8).as_pointer(), i32, i32, i32])
+        fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.prefetch.p0i8")
+        builder.call(fn, [ptr, ir.Constant(i32, 0), ir.Constant(i32, 3), ir.Constant(i32, 1)])
+        return context.get_dummy_value()
+
+    return nbt.void(p, i), codegen
+
+
+@intrinsic
+def load_u64(typingctx, p, i):
+    """The 8 bytes p[i:i+8] as one little-endian uint64 (unaligned load; the caller keeps it in bounds)."""
+    if not (isinstance(p, nbt.CPointer) and p.dtype == nbt.uint8 and isinstance(i, nbt.Integer)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        k = context.cast(builder, args[1], sig.args[1], nbt.intp)
+        ptr = builder.bitcast(builder.gep(args[0], [k]), ir.IntType(64).as_pointer())
+        return builder.load(ptr, align=1)
+
+    return nbt.uint64(p, i), codegen
+
+
+@intrinsic
+def cttz(typingctx, x):
+    """Number of trailing zero bits of a uint64 (64 for 0)."""
+    if x != nbt.uint64:
+        return None
+
+    def codegen(context, builder, sig, args):
+        return builder.cttz(args[0], ir.Constant(ir.IntType(1), 0))
+
+    return nbt.uint64(x), codegen
