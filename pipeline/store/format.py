@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import zlib
 
 import numpy as np
@@ -63,15 +64,81 @@ def _worth_compressing(arr: np.ndarray) -> bool:
 def write_array(group_path: str, name: str, arr: np.ndarray, chunk: int | None = None) -> None:
     """Write ``arr`` as zarr v3 array ``group_path/name``, one chunk unless ``chunk``: blosc-lz4 with byte
     shuffle, or raw when a sample shows compression would not pay (:data:`MIN_RATIO`)."""
-    chunks = (max(1, min(chunk or arr.shape[0], arr.shape[0])),)
-    z = zarr.create_array(store=group_path, name=name, shape=arr.shape, dtype=arr.dtype, chunks=chunks,
+    if chunk is None or chunk >= arr.shape[0]:
+        _write_one_chunk(os.path.join(group_path, name), np.ascontiguousarray(arr))
+        return
+    z = zarr.create_array(store=group_path, name=name, shape=arr.shape, dtype=arr.dtype, chunks=(chunk,),
                           compressors=_COMPRESSORS if _worth_compressing(arr) else None, overwrite=True)
+    z[:] = arr
+
+
+def _write_one_chunk(path: str, arr: np.ndarray) -> None:
+    """A one-chunk 1-D zarr v3 array written directly: the same zarr.json and chunk ``c/0`` (bytes codec,
+    little endian, then blosc) that zarr writes, without its per-array overhead (~4 ms, a sixth of a
+    64 MB block's write). Tested against zarr's own output."""
+    compress = _worth_compressing(arr)
+    codecs = [{"name": "bytes", "configuration": {"endian": "little"}} if arr.dtype.itemsize > 1 else {"name": "bytes"}]
+    if compress:
+        codecs.append({"name": "blosc", "configuration": {"typesize": arr.dtype.itemsize, "cname": "lz4",
+                                                           "clevel": 5, "shuffle": "shuffle", "blocksize": 0}})
+    meta = {"shape": [int(arr.shape[0])], "data_type": arr.dtype.name,
+            "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": [max(1, int(arr.shape[0]))]}},
+            "chunk_key_encoding": {"name": "default", "configuration": {"separator": "/"}},
+            "fill_value": 0.0 if arr.dtype.kind == "f" else 0, "codecs": codecs, "attributes": {},
+            "zarr_format": 3, "node_type": "array", "storage_transformers": []}
+    if os.path.isdir(path):
+        shutil.rmtree(path)
+    os.makedirs(path)
+    with open(os.path.join(path, "zarr.json"), "w", encoding="utf-8") as f:
+        json.dump(meta, f, indent=2)
     if arr.shape[0]:
-        z[:] = arr
+        data = arr.astype(arr.dtype.newbyteorder("<"), copy=False)
+        if compress:
+            from numcodecs import Blosc
+
+            data = Blosc(cname="lz4", clevel=5, shuffle=Blosc.SHUFFLE, blocksize=0).encode(data)
+        os.makedirs(os.path.join(path, "c"))
+        with open(os.path.join(path, "c", "0"), "wb") as f:
+            f.write(data)
 
 
 def read_array(group_path: str, name: str) -> np.ndarray:
-    return zarr.open_array(store=group_path, path=name, mode="r")[...]
+    """The whole zarr array ``group_path/name``; one-chunk arrays in the layout of :func:`_write_one_chunk`
+    are read directly (no zarr overhead), anything else through zarr."""
+    arr = _read_one_chunk(os.path.join(group_path, name))
+    if arr is None:
+        arr = zarr.open_array(store=group_path, path=name, mode="r")[...]
+    return arr
+
+
+def _read_one_chunk(path: str) -> np.ndarray | None:
+    try:
+        with open(os.path.join(path, "zarr.json"), encoding="utf-8") as f:
+            meta = json.load(f)
+    except (OSError, ValueError):
+        return None
+    codecs = meta.get("codecs", [])
+    names = [c.get("name") for c in codecs]
+    shape = meta.get("shape", [])
+    if (meta.get("node_type") != "array" or len(shape) != 1 or names not in (["bytes"], ["bytes", "blosc"])
+            or codecs[0].get("configuration", {}).get("endian", "little") != "little"
+            or meta.get("chunk_key_encoding") != {"name": "default", "configuration": {"separator": "/"}}
+            or meta.get("chunk_grid", {}).get("configuration", {}).get("chunk_shape", [0])[0] < shape[0]
+            or meta.get("storage_transformers")):
+        return None
+    dtype = np.dtype(meta["data_type"]).newbyteorder("<")
+    out = np.empty(shape[0], dtype=dtype)
+    try:
+        with open(os.path.join(path, "c", "0"), "rb") as f:
+            if names[-1] == "blosc":
+                from numcodecs import Blosc
+
+                Blosc().decode(f.read(), out=out.view(np.uint8))
+            elif f.readinto(out.view(np.uint8)) != out.nbytes or f.read(1):
+                raise StoreError(f"{path}: chunk size does not match the metadata shape {shape}")
+    except FileNotFoundError:  # never written: all fill value
+        out[:] = meta.get("fill_value", 0)
+    return out
 
 
 def checksum(*arrays: np.ndarray) -> str:
@@ -83,7 +150,14 @@ def checksum(*arrays: np.ndarray) -> str:
 
 
 def make_group(path: str, attrs: dict | None = None) -> None:
-    zarr.open_group(store=path, mode="a", zarr_format=3, attributes=attrs or {})
+    """Create the zarr v3 group ``path`` with ``attrs`` (a new one directly, as zarr writes it)."""
+    meta = os.path.join(path, "zarr.json")
+    if os.path.exists(meta) or "://" in path:
+        zarr.open_group(store=path, mode="a", zarr_format=3, attributes=attrs or {})
+        return
+    os.makedirs(path, exist_ok=True)
+    with open(meta, "w", encoding="utf-8") as f:
+        json.dump({"attributes": attrs or {}, "zarr_format": 3, "node_type": "group"}, f, indent=2)
 
 
 def read_manifest(path: str) -> dict:

@@ -1,0 +1,53 @@
+"""The direct one-chunk writer produces what zarr itself writes, and zarr reads it back."""
+import json
+
+import numpy as np
+import pytest
+import zarr
+
+from pipeline.store import format as fmt
+
+
+@pytest.mark.parametrize("dtype", [np.int32, np.int64, np.float32, np.float64, np.uint8])
+@pytest.mark.parametrize("kind", ["empty", "compressible", "random"])
+def test_direct_write_equals_zarr_metadata_and_reads_back(tmp_path, dtype, kind):
+    rng = np.random.default_rng(0)
+    n = {"empty": 0, "compressible": 300_000, "random": 300_000}[kind]
+    if kind == "random":
+        arr = rng.integers(0, 256, n).astype(dtype) if dtype == np.uint8 else (rng.random(n) * 1e6).astype(dtype)
+    else:
+        arr = (np.arange(n) % 7).astype(dtype)
+    g = str(tmp_path / "g")
+    fmt.make_group(g, {"encoding-type": "csr_matrix"})
+    fmt.write_array(g, "a", arr)
+    got = zarr.open_array(store=g, path="a", mode="r")[...]
+    assert got.dtype == arr.dtype and np.array_equal(got, arr)
+    assert zarr.open_group(store=g, mode="r").attrs["encoding-type"] == "csr_matrix"
+    compress = fmt._worth_compressing(arr)
+    if kind == "compressible":
+        assert compress  # a repeating pattern is worth compressing
+    if kind == "random" and dtype in (np.float32, np.float64):
+        assert not compress  # random mantissas are stored raw
+    zarr.create_array(store=str(tmp_path / "z"), name="a", shape=arr.shape, dtype=arr.dtype,
+                      chunks=(max(1, n),), compressors=fmt._COMPRESSORS if compress else None)
+    ours = json.loads((tmp_path / "g" / "a" / "zarr.json").read_text())
+    theirs = json.loads((tmp_path / "z" / "a" / "zarr.json").read_text())
+    assert ours == theirs
+
+
+def test_rewrite_replaces_the_array(tmp_path):
+    g = str(tmp_path / "g")
+    fmt.make_group(g)
+    fmt.write_array(g, "a", np.arange(10, dtype=np.int64))
+    fmt.write_array(g, "a", np.arange(3, dtype=np.float32))
+    assert np.array_equal(fmt.read_array(g, "a"), np.arange(3, dtype=np.float32))
+
+
+@pytest.mark.parametrize("chunk", [None, 1000])
+def test_read_array_reads_what_zarr_writes(tmp_path, chunk):
+    """Arrays zarr itself wrote (one chunk or several, compressed or not) read back through read_array."""
+    a = np.arange(5000, dtype=np.int64) * 3
+    for comp in (fmt._COMPRESSORS, None):
+        zarr.create_array(store=str(tmp_path), name="x", shape=a.shape, dtype=a.dtype,
+                          chunks=(chunk or a.shape[0],), compressors=comp, overwrite=True)[:] = a
+        assert np.array_equal(fmt.read_array(str(tmp_path), "x"), a)
