@@ -351,18 +351,21 @@ def _stream_task(root: str, task: Task, o: IngestOptions, kw: dict) -> list[dict
 
 
 def source_stats_task(root: str, keys: list[str], n_features: int, base: str | None, out: str) -> None:
-    """Dask task: sum the per-block feature statistics of ``keys`` (then add those of a previous version
-    ``base``) and write them to ``root/out`` on the worker (they never travel to the client)."""
+    """Dask task: add the per-block feature statistics of ``keys`` (after those of a previous version
+    ``base``) in block order and write them to ``root/out`` on the worker (they never travel to the client)."""
     fmt.one_codec_thread()
-    base_stats = stats.read_stats(f"{root}/{base}") if base is not None else None
-    tree = stats.TreeSum()
-    for k in keys:
-        g = f"{root}/blocks/{k}"
-        tree.push(tuple(np.asarray(fmt.read_array(g, name), dt) for name, dt in
-                        (("stats_idx", np.int64), ("stats_nnz", np.int64), ("stats_sumsq", np.float64))))
-    feature, count, sumsq = tree.result()
-    if base_stats is not None:
-        feature, count, sumsq = stats.merge_stats(*base_stats, feature, count, sumsq)
+    acc, bits = stats.scratch(n_features)
+    try:
+        if base is not None:
+            stats.add_stats(acc, bits, *stats.read_stats(f"{root}/{base}"))
+        for k in keys:
+            g = f"{root}/blocks/{k}"
+            stats.add_stats(acc, bits, fmt.read_array(g, "stats_idx"), fmt.read_array(g, "stats_nnz"),
+                            fmt.read_array(g, "stats_sumsq"))
+        feature, count, sumsq = stats.harvest(acc, bits)
+    except BaseException:
+        stats.release_scratch()  # not known to be zero any more
+        raise
     fmt.make_group(f"{root}/stats")
     stats.write_stats(f"{root}/{out}", feature, count, sumsq, n_features)
 

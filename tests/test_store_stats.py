@@ -1,16 +1,18 @@
-"""The commit's sum of per-block feature statistics (sorted sparse lists merged along a fixed tree)."""
+"""The commit's sum of per-block feature statistics: dense accumulator + touched bitmap, in block order."""
 import numpy as np
 import pytest
 
 from pipeline.store import stats
 
 
-def random_block(rng, width):
+def random_block(rng, width, dtypes=(np.int64, np.int64)):
     idx = np.unique(rng.integers(0, width, rng.integers(0, 40)))
-    return idx.astype(np.int64), rng.integers(1, 5, idx.shape[0]).astype(np.int64), rng.random(idx.shape[0]) * 10
+    return (idx.astype(dtypes[0]), rng.integers(1, 5, idx.shape[0]).astype(dtypes[1]),
+            rng.random(idx.shape[0]) * 10.0 ** rng.integers(-3, 4))
 
 
 def numpy_sum(blocks, width):
+    """Reference: np.add.at block after block (each feature's sum in block order, like the kernel)."""
     cnt, ss = np.zeros(width, np.int64), np.zeros(width)
     for i, c, s in blocks:
         np.add.at(cnt, i, c)
@@ -19,42 +21,28 @@ def numpy_sum(blocks, width):
     return f, cnt[f], ss[f]
 
 
-def merge_reference(a, b):
-    """Pure-NumPy union of two sorted statistics (the reference for the numba merge)."""
-    out = {}
-    for i, c, s in zip(*a):
-        out[int(i)] = [int(c), float(s)]
-    for i, c, s in zip(*b):
-        if int(i) in out:
-            out[int(i)] = [out[int(i)][0] + int(c), out[int(i)][1] + float(s)]
-        else:
-            out[int(i)] = [int(c), float(s)]
-    keys = sorted(out)
-    return np.array(keys, np.int64), np.array([out[k][0] for k in keys]), np.array([out[k][1] for k in keys])
-
-
-@pytest.mark.parametrize("seed", range(5))
-def test_merge_equals_reference_bit_for_bit(seed):
-    rng = np.random.default_rng(seed)
-    a, b = random_block(rng, 60), random_block(rng, 60)
-    got, want = stats.merge_stats(*a, *b), merge_reference(a, b)
-    for g, w in zip(got, want):
-        assert np.array_equal(g, w)
-
-
-@pytest.mark.parametrize("n_blocks", [0, 1, 2, 3, 7, 16, 33])
-def test_tree_sum_equals_dense_sums_and_is_fixed_by_block_order(n_blocks):
-    rng = np.random.default_rng(n_blocks)
-    blocks = [random_block(rng, 200) for _ in range(n_blocks)]
-    tree = stats.TreeSum()
+@pytest.mark.parametrize("n_blocks", [0, 1, 2, 7, 33])
+@pytest.mark.parametrize("width", [1, 63, 64, 65, 1000])
+def test_accumulated_stats_equal_numpy_bit_for_bit_and_scratch_comes_back_zero(n_blocks, width):
+    rng = np.random.default_rng(n_blocks * 1000 + width)
+    blocks = [random_block(rng, width, dtypes=((np.int32, np.int32) if k % 2 else (np.int64, np.int64)))
+              for k in range(n_blocks)]
+    acc, bits = stats.scratch(width)
     for b in blocks:
-        tree.push(b)
-    f, c, s = tree.result()
-    wf, wc, ws = numpy_sum(blocks, 200)
-    assert np.array_equal(f, wf) and np.array_equal(c, wc)
-    np.testing.assert_allclose(s, ws, rtol=1e-13)
-    again = stats.TreeSum()
-    for b in blocks:
-        again.push(b)
-    assert all(np.array_equal(x.view(np.uint8), y.view(np.uint8)) for x, y in zip(again.result(), (f, c, s)))
-    assert len(tree.stack) == 0 and len(again.stack) == 0
+        stats.add_stats(acc, bits, *b)
+    got = stats.harvest(acc, bits)
+    want = numpy_sum(blocks, width)
+    assert np.array_equal(got[0], want[0]) and np.array_equal(got[1], want[1])
+    assert np.array_equal(got[2].view(np.uint64), want[2].view(np.uint64))
+    assert not acc.any() and not bits.any()
+    stats.release_scratch()
+
+
+def test_sparse_statistics_round_trip_and_dense_view(tmp_path):
+    rng = np.random.default_rng(3)
+    f, c, s = numpy_sum([random_block(rng, 500) for _ in range(5)], 500)
+    stats.write_stats(str(tmp_path / "v1"), f, c, s, 500)
+    rf, rc, rs = stats.read_stats(str(tmp_path / "v1"))
+    assert np.array_equal(rf, f) and np.array_equal(rc, c) and np.array_equal(rs, s)
+    nnz, ss = stats.dense_stats(str(tmp_path / "v1"), 600)
+    assert nnz.shape == (600,) and np.array_equal(nnz[f], c) and nnz.sum() == c.sum() and np.array_equal(ss[f], s)

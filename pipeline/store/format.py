@@ -46,6 +46,7 @@ def one_codec_thread() -> None:
 # (tf-idf, normalised counts) compress ~1.1x with lz4 and cost a third of a block's write time to do it.
 MIN_RATIO = 1.15
 _SAMPLE = 1 << 18
+MAX_CHUNK_BYTES = 1 << 30  # blosc compresses at most 2 GB in one buffer
 
 
 def _worth_compressing(arr: np.ndarray) -> bool:
@@ -62,8 +63,10 @@ def _worth_compressing(arr: np.ndarray) -> bool:
 
 
 def write_array(group_path: str, name: str, arr: np.ndarray, chunk: int | None = None) -> None:
-    """Write ``arr`` as zarr v3 array ``group_path/name``, one chunk unless ``chunk``: blosc-lz4 with byte
+    """Write ``arr`` as zarr v3 array ``group_path/name``, one chunk (up to 1 GiB) unless ``chunk``: blosc-lz4 with byte
     shuffle, or raw when a sample shows compression would not pay (:data:`MIN_RATIO`)."""
+    if chunk is None and arr.nbytes > MAX_CHUNK_BYTES:
+        chunk = MAX_CHUNK_BYTES // arr.itemsize
     if chunk is None or chunk >= arr.shape[0]:
         _write_one_chunk(os.path.join(group_path, name), np.ascontiguousarray(arr))
         return

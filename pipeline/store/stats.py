@@ -1,87 +1,90 @@
 """Per-feature statistics of the training split: non-zero counts and sums of squares (E[x_j²] = sumsq/rows).
 
-Every block carries the statistics of the features it touches, sorted by feature (``stats_idx``,
-``stats_nnz``, ``stats_sumsq``). The commit merges the training blocks' sorted lists along a tree fixed
-by the block order (a binary counter, as in a bottom-up merge sort), so every sum is added in the same
-order whatever the number of workers, at most log2(blocks) lists are held at once, and the work is
-sequential streaming instead of scattered adds into a width-sized array. The store keeps the result
-sparsely — the features that occur, in feature order — so its cost follows the distinct features, not
-the declared width.
+Every block carries the statistics of the features it touches (``stats_idx`` ascending, ``stats_nnz``,
+``stats_sumsq``). The commit adds the training blocks' statistics in block order into a float64[W, 2]
+scratch (count and sum of squares side by side: one cache line per feature) with a bitmap of the touched
+features, so the sums do not depend on the number of workers (a feature's sum is added in block order),
+and writes the store's statistics sparsely: the features that occur, in feature order, so reading and
+writing them costs what the distinct features cost, not the declared width. (A fixed-tree merge of the
+sorted lists measured 2x slower on 15 blocks: every merge allocates fresh output pages.)
 """
 from __future__ import annotations
 
 import numba
 import numpy as np
 
+from pipeline.kernels.intrinsics import cttz
 from pipeline.store import format as fmt
 
-STATS_CHUNK = 1 << 22
+_SCRATCH: dict = {}
+
+
+def scratch(width: int) -> tuple[np.ndarray, np.ndarray]:
+    """This process's zeroed accumulator: float64[width, 2] and a bitmap of the features touched
+    (uint64[ceil(width / 64)]). Kept between calls; callers hand it back zeroed (see :func:`harvest`)."""
+    sc = _SCRATCH.get("cols")
+    if sc is None or sc[0].shape[0] < width:
+        _SCRATCH.clear()
+        sc = (np.zeros((width, 2), np.float64), np.zeros((width + 63) >> 6, np.uint64))
+        _SCRATCH["cols"] = sc
+    return sc
+
+
+def release_scratch() -> None:
+    """Free this process's accumulator (266 MB at webspam width)."""
+    _SCRATCH.clear()
 
 
 @numba.njit(cache=True, nogil=True)
-def merge_stats(ia, ca, sa, ib, cb, sb):
-    """Union of two sorted sparse statistics; a feature in both gets ca + cb and sa + sb (a first)."""
-    na, nb = ia.shape[0], ib.shape[0]
-    idx = np.empty(na + nb, np.int64)
-    cnt = np.empty(na + nb, np.int64)
-    ss = np.empty(na + nb, np.float64)
-    i = k = t = 0
-    while i < na and k < nb:
-        ja, jb = np.int64(ia[i]), np.int64(ib[k])
-        if ja < jb:
-            idx[t], cnt[t], ss[t] = ja, ca[i], sa[i]
-            i += 1
-        elif jb < ja:
-            idx[t], cnt[t], ss[t] = jb, cb[k], sb[k]
-            k += 1
-        else:
-            idx[t], cnt[t], ss[t] = ja, ca[i] + cb[k], sa[i] + sb[k]
-            i += 1
-            k += 1
-        t += 1
-    while i < na:
-        idx[t], cnt[t], ss[t] = ia[i], ca[i], sa[i]
-        i += 1
-        t += 1
-    while k < nb:
-        idx[t], cnt[t], ss[t] = ib[k], cb[k], sb[k]
-        k += 1
-        t += 1
-    return idx[:t], cnt[:t], ss[:t]
+def add_stats(acc, bits, idx, nnz, sumsq):
+    """acc[idx, 0] += nnz; acc[idx, 1] += sumsq; mark idx in ``bits`` (idx unique within one set)."""
+    one = np.uint64(1)
+    for t in range(idx.shape[0]):
+        j = idx[t]
+        acc[j, 0] += nnz[t]
+        acc[j, 1] += sumsq[t]
+        bits[j >> 6] |= one << np.uint64(j & 63)
 
 
-class TreeSum:
-    """Sum of sorted sparse statistics pushed in order, along a tree fixed by that order."""
-
-    def __init__(self):
-        self.stack = []  # (rank, (idx, cnt, ss)); ranks strictly decrease towards the top
-
-    def push(self, stats) -> None:
-        rank = 0
-        while self.stack and self.stack[-1][0] == rank:
-            _, left = self.stack.pop()
-            stats = merge_stats(*left, *stats)
-            rank += 1
-        self.stack.append((rank, stats))
-
-    def result(self):
-        """(feature int64, col_nnz int64, col_sumsq float64) of everything pushed."""
-        if not self.stack:
-            return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.float64)
-        _, acc = self.stack.pop()
-        while self.stack:
-            _, left = self.stack.pop()
-            acc = merge_stats(*left, *acc)
-        return tuple(np.asarray(a, dt) for a, dt in zip(acc, (np.int64, np.int64, np.float64)))
+@numba.njit(cache=True, nogil=True)
+def harvest(acc, bits):
+    """(touched features in increasing order, their counts, their sums of squares); reads only the
+    marked rows of ``acc`` and hands ``acc`` and ``bits`` back zeroed."""
+    one = np.uint64(1)
+    n = 0
+    for w in range(bits.shape[0]):
+        b = bits[w]
+        while b != 0:
+            n += 1
+            b &= b - one
+    feature = np.empty(n, np.int64)
+    count = np.empty(n, np.int64)
+    sumsq = np.empty(n, np.float64)
+    t = 0
+    for w in range(bits.shape[0]):
+        b = bits[w]
+        if b == 0:
+            continue
+        bits[w] = 0
+        while b != 0:
+            j = w * 64 + np.int64(cttz(b))
+            feature[t] = j
+            count[t] = np.int64(acc[j, 0])
+            sumsq[t] = acc[j, 1]
+            acc[j, 0] = 0.0
+            acc[j, 1] = 0.0
+            t += 1
+            b &= b - one
+    return feature, count, sumsq
 
 
 def write_stats(group: str, feature: np.ndarray, count: np.ndarray, sumsq: np.ndarray, width: int) -> None:
     """Write sparse statistics (``feature`` int32 while width < 2**31) to the zarr group ``group``."""
     fmt.make_group(group, {"layout": "sparse", "n_features": int(width)})
     fdt = np.int32 if width < 2**31 else np.int64
-    fmt.write_array(group, "feature", feature.astype(fdt, copy=False), STATS_CHUNK)
-    fmt.write_array(group, "col_nnz", count, STATS_CHUNK)
-    fmt.write_array(group, "col_sumsq", sumsq, STATS_CHUNK)
+    fmt.write_array(group, "feature", feature.astype(fdt, copy=False))
+    fmt.write_array(group, "col_nnz", count)
+    fmt.write_array(group, "col_sumsq", sumsq)
 
 
 def read_stats(group: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
