@@ -9,6 +9,7 @@ so the store's arrays are identical whatever the cluster.
 from __future__ import annotations
 
 import fcntl
+import functools
 import glob
 import hashlib
 import io
@@ -354,18 +355,9 @@ def source_stats_task(root: str, keys: list[str], n_features: int, base: str | N
     """Dask task: add the per-block feature statistics of ``keys`` (after those of a previous version
     ``base``) in block order and write them to ``root/out`` on the worker (they never travel to the client)."""
     fmt.one_codec_thread()
-    acc, bits = stats.scratch(n_features)
-    try:
-        if base is not None:
-            stats.add_stats(acc, bits, *stats.read_stats(f"{root}/{base}"))
-        for k in keys:
-            g = f"{root}/blocks/{k}"
-            stats.add_stats(acc, bits, fmt.read_array(g, "stats_idx"), fmt.read_array(g, "stats_nnz"),
-                            fmt.read_array(g, "stats_sumsq"))
-        feature, count, sumsq = stats.harvest(acc, bits)
-    except BaseException:
-        stats.release_scratch()  # not known to be zero any more
-        raise
+    groups = ([f"{root}/{base}"] if base is not None else []) + [f"{root}/blocks/{k}" for k in keys]
+    loaders = [functools.partial(stats.read_stats, g) for g in groups]
+    feature, count, sumsq = stats.sum_stats(loaders, [stats.stats_size(g) for g in groups], n_features)
     fmt.make_group(f"{root}/stats")
     stats.write_stats(f"{root}/{out}", feature, count, sumsq, n_features)
 

@@ -46,3 +46,32 @@ def test_sparse_statistics_round_trip_and_dense_view(tmp_path):
     assert np.array_equal(rf, f) and np.array_equal(rc, c) and np.array_equal(rs, s)
     nnz, ss = stats.dense_stats(str(tmp_path / "v1"), 600)
     assert nnz.shape == (600,) and np.array_equal(nnz[f], c) and nnz.sum() == c.sum() and np.array_equal(ss[f], s)
+
+
+@pytest.mark.parametrize("n_blocks", [0, 1, 2, 5])
+@pytest.mark.parametrize("width", [400, 1_000_000])
+def test_sum_stats_merges_or_accumulates_bit_identically(n_blocks, width):
+    """Few small sets are folded by sorted merges (wide store), others accumulated densely (narrow store):
+    both equal the reference bit for bit."""
+    stats.release_scratch()
+    rng = np.random.default_rng(n_blocks + width)
+    blocks = [random_block(rng, 400, dtypes=(np.int32, np.int32)) for _ in range(n_blocks)]
+    sizes = [b[0].shape[0] for b in blocks]
+    got = stats.sum_stats([lambda b=b: b for b in blocks], sizes, width)
+    want = numpy_sum(blocks, width)
+    assert np.array_equal(got[0], want[0]) and np.array_equal(got[1], want[1])
+    assert np.array_equal(np.asarray(got[2]).view(np.uint64), want[2].view(np.uint64))
+    dense = len(sizes) * sum(sizes) * 24 >= 16 * width
+    assert bool(stats._SCRATCH) == dense  # width 400 with 5 blocks takes the accumulator, the rest merge
+    stats.release_scratch()
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_merge_equals_dense_accumulation_bit_for_bit(seed):
+    rng = np.random.default_rng(seed)
+    blocks = [random_block(rng, 60) for _ in range(4)]
+    out = blocks[0]
+    for b in blocks[1:]:
+        out = stats.merge_stats(*out, *b)
+    want = numpy_sum(blocks, 60)
+    assert all(np.array_equal(np.asarray(g).view(np.uint8), w.view(np.uint8)) for g, w in zip(out, want))

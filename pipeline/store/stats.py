@@ -10,6 +10,9 @@ sorted lists measured 2x slower on 15 blocks: every merge allocates fresh output
 """
 from __future__ import annotations
 
+import json
+import os
+
 import numba
 import numpy as np
 
@@ -78,6 +81,70 @@ def harvest(acc, bits):
     return feature, count, sumsq
 
 
+@numba.njit(cache=True, nogil=True)
+def merge_stats(ia, ca, sa, ib, cb, sb):
+    """Union of two sorted statistics; a feature in both gets ca + cb and sa + sb (a first, so folding
+    sets in order adds each feature's values in the same order as :func:`add_stats`)."""
+    na, nb = ia.shape[0], ib.shape[0]
+    idx = np.empty(na + nb, np.int64)
+    cnt = np.empty(na + nb, np.int64)
+    ss = np.empty(na + nb, np.float64)
+    i = k = t = 0
+    while i < na and k < nb:
+        ja, jb = np.int64(ia[i]), np.int64(ib[k])
+        if ja < jb:
+            idx[t], cnt[t], ss[t] = ja, ca[i], sa[i]
+            i += 1
+        elif jb < ja:
+            idx[t], cnt[t], ss[t] = jb, cb[k], sb[k]
+            k += 1
+        else:
+            idx[t], cnt[t], ss[t] = ja, ca[i] + cb[k], sa[i] + sb[k]
+            i += 1
+            k += 1
+        t += 1
+    for i in range(i, na):
+        idx[t], cnt[t], ss[t] = ia[i], ca[i], sa[i]
+        t += 1
+    for k in range(k, nb):
+        idx[t], cnt[t], ss[t] = ib[k], cb[k], sb[k]
+        t += 1
+    return idx[:t], cnt[:t], ss[:t]
+
+
+def sum_stats(loaders: list, sizes: list[int], width: int):
+    """(feature, col_nnz, col_sumsq) of the statistics sets that ``loaders`` return, added in list order.
+
+    Few small sets are folded by sorted merges; otherwise they go through the width-sized accumulator,
+    whose first touch costs more than the merges' fresh pages whenever len(sets) x entries x 24 bytes is
+    below its 16 bytes per feature (a 200 MB webspam ingest: 0.03 s instead of 0.35 s on a fresh worker).
+    Both give bit-identical results."""
+    if len(sizes) * sum(sizes) * 24 < 16 * width:
+        out = (np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0))
+        for k, load in enumerate(loaders):
+            out = load() if k == 0 else merge_stats(*out, *load())
+        return tuple(np.asarray(a, dt) for a, dt in zip(out, (np.int64, np.int64, np.float64)))
+    acc, bits = scratch(width)
+    try:
+        for load in loaders:
+            add_stats(acc, bits, *load())
+        return harvest(acc, bits)
+    except BaseException:
+        release_scratch()  # not known to be zero any more
+        raise
+
+
+def stats_size(group: str) -> int:
+    """Number of features in the statistics of ``group`` (a block's or a store version's), from metadata."""
+    for name in ("stats_idx", "feature", "col_nnz"):
+        try:
+            with open(os.path.join(group, name, "zarr.json"), encoding="utf-8") as f:
+                return int(json.load(f)["shape"][0])
+        except FileNotFoundError:
+            continue
+    return 0
+
+
 def write_stats(group: str, feature: np.ndarray, count: np.ndarray, sumsq: np.ndarray, width: int) -> None:
     """Write sparse statistics (``feature`` int32 while width < 2**31) to the zarr group ``group``."""
     fmt.make_group(group, {"layout": "sparse", "n_features": int(width)})
@@ -88,17 +155,15 @@ def write_stats(group: str, feature: np.ndarray, count: np.ndarray, sumsq: np.nd
 
 
 def read_stats(group: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(feature, col_nnz, col_sumsq) of the non-zero features; reads the sparse layout and the dense one
-    of format version 1."""
-    import zarr
-
-    g = zarr.open_group(store=group, mode="r")
-    if "feature" in g:
-        return (g["feature"][...].astype(np.int64), g["col_nnz"][...].astype(np.int64),
-                g["col_sumsq"][...].astype(np.float64))
-    nnz = g["col_nnz"][...]
+    """(feature, count, sum of squares) of the features present: a block's statistics
+    (``stats_idx/stats_nnz/stats_sumsq``), a store version's (``feature/col_nnz/col_sumsq``), or the dense
+    ``col_nnz/col_sumsq`` of format 1."""
+    for names in (("stats_idx", "stats_nnz", "stats_sumsq"), ("feature", "col_nnz", "col_sumsq")):
+        if os.path.exists(os.path.join(group, names[0], "zarr.json")):
+            return tuple(fmt.read_array(group, n) for n in names)
+    nnz = fmt.read_array(group, "col_nnz")
     f = np.flatnonzero(nnz)
-    return f, nnz[f].astype(np.int64), g["col_sumsq"][...][f].astype(np.float64)
+    return f, nnz[f], fmt.read_array(group, "col_sumsq")[f]
 
 
 def dense_stats(group: str, width: int) -> tuple[np.ndarray, np.ndarray]:
