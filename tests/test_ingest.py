@@ -1,6 +1,7 @@
 """Ingest: round trips against scikit-learn, worker invariance, atomicity, append, bad input, compression."""
 import bz2
 import gzip
+import io
 import json
 import lzma
 import os
@@ -15,7 +16,7 @@ import pytest
 import scipy.sparse as sp
 from sklearn.datasets import load_svmlight_file
 
-from pipeline.ingest import IngestError, IngestOptions, ingest
+from pipeline.ingest import _TAIL, IngestError, IngestOptions, ingest, read_owned_lines
 from pipeline.store import format as fmt
 from pipeline.store.reader import open_store
 from tests.conftest import DATA, data_file
@@ -293,3 +294,20 @@ def test_zstd_input_and_truncation(tmp, client):
     with pytest.raises(IngestError, match="truncated or corrupt"):
         ingest([trunc], str(tmp / "t"), client=client)
     assert not (tmp / "t").exists()
+
+
+def test_memory_mapped_and_buffered_range_reads_agree(tmp):
+    """Local files are memory-mapped, other file objects read into a buffer: same owned lines either way,
+    including ranges that start mid-line and a last line longer than the read-ahead."""
+    text = ("\n".join(lines(400, 9)) + "\n" + "1 " + " ".join(f"{i}:1" for i in range(1, _TAIL // 4)) + "\n"
+            + "\n".join(lines(50, 10))).encode()
+    path = tmp / "r.svm"
+    path.write_bytes(text)
+    size = len(text)
+    step = size // 7 + 13
+    mapped, buffered = [], []
+    for start in range(0, size, step):
+        with open(path, "rb") as f:
+            mapped.append(bytes(read_owned_lines(f, start, start + step, size)))
+        buffered.append(bytes(read_owned_lines(io.BytesIO(text), start, start + step, size)))
+    assert mapped == buffered and b"".join(mapped) == text
