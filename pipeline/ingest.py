@@ -208,7 +208,8 @@ def _read_buffer(n: int) -> np.ndarray:
 def read_owned_lines(f, start: int, end: int, size: int) -> np.ndarray:
     """uint8 array of every line whose first byte lies in [start, end) of an open seekable file.
 
-    The result may be a view of a per-thread buffer that the next call overwrites.
+    The result is a read-only view of a memory map (local files) or a view of a per-thread buffer that the
+    next call overwrites.
     """
     if start >= size:
         return np.zeros(0, np.uint8)

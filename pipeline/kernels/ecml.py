@@ -15,7 +15,7 @@ import numba
 import numpy as np
 
 from .losses import dloss, loss as loss_value
-from .sgd import _soft
+from .sgd import _soft, row_dot
 
 
 # ------------------------------------------------------------------------------------------- nssl
@@ -40,9 +40,7 @@ def nssl_block(indptr, indices, data, y, rows, w, istate, eta, tau, shrink, max_
         i = rows[r]
         lo = indptr[i]
         hi = indptr[i + 1]
-        acc = 0.0
-        for k in range(lo, hi):
-            acc += w[indices[k]] * data[k]
+        acc = row_dot(w, indices, data, lo, hi)
         seen += 1
         yi = y[i]
         if yi * acc <= tau:                                 # (E-1) margin gate
@@ -245,9 +243,7 @@ def grades_block(indptr, indices, data, y, rows, w, g, fstate):
         i = rows[r]
         lo = indptr[i]
         hi = indptr[i + 1]
-        acc = 0.0
-        for k in range(lo, hi):
-            acc += w[indices[k]] * data[k]
+        acc = row_dot(w, indices, data, lo, hi)
         res = y[i] - acc
         psi += 0.5 * res * res
         for k in range(lo, hi):

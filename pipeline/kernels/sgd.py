@@ -89,6 +89,15 @@ def check_tg_params(l2, theta, g, K, *, eta=None, schedule=None, power_t=None):
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
+def row_dot(w, indices, data, lo, hi):
+    """w·x for the CSR row whose entries are indices/data[lo:hi] (same summation order as a plain loop)."""
+    acc = 0.0
+    for k in range(lo, hi):
+        acc += w[indices[k]] * data[k]
+    return acc
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
 def _soft(v, a):
     """(C-1) S(v, a) = sign(v)·max(|v| − a, 0) for a ≥ 0, computed branch-free as v − clip(v, −a, a).
 

@@ -21,13 +21,18 @@ import zlib
 
 import numpy as np
 import zarr
+from numcodecs import Blosc
 from zarr.codecs import BloscCodec, BloscShuffle
 
 FORMAT = "sparsepipe-store"
 FORMAT_VERSION = 2  # 2: sparse feature statistics (version 1 stores, dense, are still read)
 ATTR = "sparsepipe"
 
-_COMPRESSORS = (BloscCodec(cname="lz4", clevel=5, shuffle=BloscShuffle.shuffle),)
+# Block arrays: blosc-lz4 with byte shuffle. One definition for zarr's codec, the numcodecs encoder of the
+# direct writer and its zarr.json entry.
+_CNAME, _CLEVEL = "lz4", 5
+_COMPRESSORS = (BloscCodec(cname=_CNAME, clevel=_CLEVEL, shuffle=BloscShuffle.shuffle),)
+_BLOSC = Blosc(cname=_CNAME, clevel=_CLEVEL, shuffle=Blosc.SHUFFLE, blocksize=0)
 
 
 class StoreError(Exception):
@@ -53,18 +58,16 @@ def _worth_compressing(arr: np.ndarray) -> bool:
     """lz4 (the store's settings) on a 256 KiB slice from the middle of ``arr`` saves >= 1 - 1/MIN_RATIO."""
     if arr.nbytes <= 4 * _SAMPLE:
         return True
-    from numcodecs import Blosc
-
     k = max(1, _SAMPLE // arr.itemsize)
     mid = arr.shape[0] // 2
     sample = np.ascontiguousarray(arr[mid: mid + k])
-    out = Blosc(cname="lz4", clevel=5, shuffle=Blosc.SHUFFLE).encode(sample)
+    out = _BLOSC.encode(sample)
     return sample.nbytes >= MIN_RATIO * len(out)
 
 
 def write_array(group_path: str, name: str, arr: np.ndarray, chunk: int | None = None) -> None:
-    """Write ``arr`` as zarr v3 array ``group_path/name``, one chunk (up to 1 GiB) unless ``chunk``: blosc-lz4 with byte
-    shuffle, or raw when a sample shows compression would not pay (:data:`MIN_RATIO`)."""
+    """Write ``arr`` as zarr v3 array ``group_path/name``, one chunk (up to 1 GiB) unless ``chunk``: blosc-lz4
+    with byte shuffle, or raw when a sample shows compression would not pay (:data:`MIN_RATIO`)."""
     if chunk is None and arr.nbytes > MAX_CHUNK_BYTES:
         chunk = MAX_CHUNK_BYTES // arr.itemsize
     if chunk is None or chunk >= arr.shape[0]:
@@ -82,8 +85,8 @@ def _write_one_chunk(path: str, arr: np.ndarray) -> None:
     compress = _worth_compressing(arr)
     codecs = [{"name": "bytes", "configuration": {"endian": "little"}} if arr.dtype.itemsize > 1 else {"name": "bytes"}]
     if compress:
-        codecs.append({"name": "blosc", "configuration": {"typesize": arr.dtype.itemsize, "cname": "lz4",
-                                                           "clevel": 5, "shuffle": "shuffle", "blocksize": 0}})
+        codecs.append({"name": "blosc", "configuration": {"typesize": arr.dtype.itemsize, "cname": _CNAME,
+                                                           "clevel": _CLEVEL, "shuffle": "shuffle", "blocksize": 0}})
     meta = {"shape": [int(arr.shape[0])], "data_type": arr.dtype.name,
             "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": [max(1, int(arr.shape[0]))]}},
             "chunk_key_encoding": {"name": "default", "configuration": {"separator": "/"}},
@@ -97,9 +100,7 @@ def _write_one_chunk(path: str, arr: np.ndarray) -> None:
     if arr.shape[0]:
         data = arr.astype(arr.dtype.newbyteorder("<"), copy=False)
         if compress:
-            from numcodecs import Blosc
-
-            data = Blosc(cname="lz4", clevel=5, shuffle=Blosc.SHUFFLE, blocksize=0).encode(data)
+            data = _BLOSC.encode(data)
         os.makedirs(os.path.join(path, "c"))
         with open(os.path.join(path, "c", "0"), "wb") as f:
             f.write(data)
@@ -134,9 +135,7 @@ def _read_one_chunk(path: str) -> np.ndarray | None:
     try:
         with open(os.path.join(path, "c", "0"), "rb") as f:
             if names[-1] == "blosc":
-                from numcodecs import Blosc
-
-                Blosc().decode(f.read(), out=out.view(np.uint8))
+                _BLOSC.decode(f.read(), out=out.view(np.uint8))
             elif f.readinto(out.view(np.uint8)) != out.nbytes or f.read(1):
                 raise StoreError(f"{path}: chunk size does not match the metadata shape {shape}")
     except FileNotFoundError:  # never written: all fill value
