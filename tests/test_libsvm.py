@@ -7,6 +7,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from pipeline.formats import libsvm
+from pipeline.kernels import colstats
 from pipeline.ingest import read_owned_lines
 
 
@@ -197,9 +198,9 @@ def assert_stats_exact(got, want, index_dtype):
 
 
 def assert_scratch_zero():
-    sc = getattr(libsvm._BAND, "scratch", None)
+    sc = getattr(colstats._BAND, "scratch", None)
     if sc is not None:
-        assert not sc.any() and not libsvm._BAND.bits.any()
+        assert not sc.any() and not colstats._BAND.bits.any()
 
 
 @settings(max_examples=200, deadline=None)
@@ -231,11 +232,11 @@ def test_fused_stats_equal_numpy_reference_in_skip_mode(text, bad, data):
     q = libsvm.Parsed(p.indptr, small, p.data, p.labels, p.row_line, [], 0, int(small.max(initial=-1)) + 1)
     want_small = numpy_stats(q)
     for band in (1, 2, 5, 64, 1 << 30):
-        assert_stats_exact(libsvm._fused_stats(q.indptr, q.indices, q.data, q.max_index, band=band),
+        assert_stats_exact(colstats.column_stats(q.indptr, q.indices, q.data, q.max_index, band=band),
                            want_small, index_dtype)
     if p.nnz:
         out = [np.empty(p.nnz, d) for d in (index_dtype, np.int32, np.float64)]
-        nt = libsvm._sorted_stats(p.indices, p.data, *out)
+        nt = colstats.sorted_sums(p.indices, p.data, *out)
         assert_stats_exact([a[:nt] for a in out], want, index_dtype)
     assert_scratch_zero()
 
@@ -260,16 +261,16 @@ def test_fused_stats_on_many_rows_and_narrow_bands(monkeypatch):
         want = numpy_stats(p)
         assert_stats_exact((p.stats_idx, p.stats_nnz, p.stats_sumsq), want, index_dtype)
         for band in (300, 4096, 1 << 16, p.max_index, 10 * p.max_index):
-            assert_stats_exact(libsvm._fused_stats(p.indptr, p.indices, p.data, p.max_index, band=band), want,
+            assert_stats_exact(colstats.column_stats(p.indptr, p.indices, p.data, p.max_index, band=band), want,
                                index_dtype)
-        monkeypatch.setattr(libsvm, "STATS_BAND", 4096)  # the default path with many bands
+        monkeypatch.setattr(colstats, "STATS_BAND", 4096)  # the default path with many bands
         q = libsvm.parse_buffer(raw, skip_invalid=True, index_dtype=index_dtype, value_dtype=np.float32,
                                 column_stats=True)
         assert_stats_exact((q.stats_idx, q.stats_nnz, q.stats_sumsq), want, index_dtype)
         monkeypatch.undo()
     assert_scratch_zero()
-    libsvm.release_scratch()
-    assert getattr(libsvm._BAND, "scratch", None) is None
+    colstats.release_scratch()
+    assert getattr(colstats._BAND, "scratch", None) is None
 
 
 def test_fused_stats_edge_cases():

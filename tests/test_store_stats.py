@@ -1,12 +1,14 @@
-"""The commit's sum of per-block feature statistics: dense accumulator + touched bitmap, in block order."""
+"""The commit's sum of per-block feature statistics in block order: banded over the gathered sets, or a dense
+accumulator with a touched bitmap."""
 import numpy as np
 import pytest
 
+from pipeline.kernels import colstats
 from pipeline.store import stats
 
 
-def random_block(rng, width, dtypes=(np.int64, np.int64)):
-    idx = np.unique(rng.integers(0, width, rng.integers(0, 40)))
+def random_block(rng, width, dtypes=(np.int64, np.int64), max_len=40):
+    idx = np.unique(rng.integers(0, width, rng.integers(0, max_len)))
     return (idx.astype(dtypes[0]), rng.integers(1, 5, idx.shape[0]).astype(dtypes[1]),
             rng.random(idx.shape[0]) * 10.0 ** rng.integers(-3, 4))
 
@@ -50,28 +52,36 @@ def test_sparse_statistics_round_trip_and_dense_view(tmp_path):
 
 @pytest.mark.parametrize("n_blocks", [0, 1, 2, 5])
 @pytest.mark.parametrize("width", [400, 1_000_000])
-def test_sum_stats_merges_or_accumulates_bit_identically(n_blocks, width):
-    """Few small sets are folded by sorted merges (wide store), others accumulated densely (narrow store):
-    both equal the reference bit for bit."""
+@pytest.mark.parametrize("gather_bytes", [0, 1 << 30])
+def test_sum_stats_gathers_or_accumulates_bit_identically(n_blocks, width, gather_bytes, monkeypatch):
+    """Sets that fit together are concatenated and summed band by band, others accumulated densely one by
+    one: both equal the reference bit for bit."""
     stats.release_scratch()
+    monkeypatch.setattr(stats, "GATHER_BYTES", gather_bytes)
     rng = np.random.default_rng(n_blocks + width)
-    blocks = [random_block(rng, 400, dtypes=(np.int32, np.int32)) for _ in range(n_blocks)]
+    blocks = [random_block(rng, 400, dtypes=(np.int32, np.int32), max_len=400) for _ in range(n_blocks)]
     sizes = [b[0].shape[0] for b in blocks]
     got = stats.sum_stats([lambda b=b: b for b in blocks], sizes, width)
     want = numpy_sum(blocks, width)
     assert np.array_equal(got[0], want[0]) and np.array_equal(got[1], want[1])
     assert np.array_equal(np.asarray(got[2]).view(np.uint64), want[2].view(np.uint64))
-    dense = len(sizes) * sum(sizes) * 24 >= 16 * width
-    assert bool(stats._SCRATCH) == dense  # width 400 with 5 blocks takes the accumulator, the rest merge
+    dense = sum(sizes) * 20 > max(gather_bytes, 16 * width)
+    assert not dense if gather_bytes else (dense or width > 400 or n_blocks < 5)  # both paths are taken
+    assert bool(stats._SCRATCH) == dense
     stats.release_scratch()
 
 
 @pytest.mark.parametrize("seed", range(4))
-def test_merge_equals_dense_accumulation_bit_for_bit(seed):
+def test_banded_sum_of_sets_equals_numpy_for_any_band(seed):
+    """The commit's kernel (statistics sets as the rows of colstats.band_sums) against np.add.at."""
     rng = np.random.default_rng(seed)
-    blocks = [random_block(rng, 60) for _ in range(4)]
-    out = blocks[0]
-    for b in blocks[1:]:
-        out = stats.merge_stats(*out, *b)
-    want = numpy_sum(blocks, 60)
-    assert all(np.array_equal(np.asarray(g).view(np.uint8), w.view(np.uint8)) for g, w in zip(out, want))
+    width = int(rng.integers(1, 3000))
+    blocks = [random_block(rng, width, max_len=int(rng.integers(1, 300))) for _ in range(int(rng.integers(1, 12)))]
+    ptr = np.cumsum([0] + [b[0].shape[0] for b in blocks])
+    idx, cnt, ss = (np.concatenate([b[k] for b in blocks]) for k in range(3))
+    want = numpy_sum(blocks, width)
+    for band in (None, 1, 2, 63, 64, 100, 1 << 30):
+        got = colstats.column_stats(ptr, idx, ss, width, counts=cnt, count_dtype=np.int64, band=band)
+        assert all(np.array_equal(np.asarray(g).view(np.uint8), w.view(np.uint8)) for g, w in zip(got, want))
+    sc = getattr(colstats._BAND, "scratch", None)
+    assert sc is not None and not sc.any() and not colstats._BAND.bits.any()

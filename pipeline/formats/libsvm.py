@@ -15,21 +15,20 @@ results and error columns are those of the general code. Helpers that numba inli
 pointer to the buffer, not the array: an inlined array argument costs an atomic incref/decref pair
 per call, which used to be a large part of the parse time. :func:`parse_buffer` can also return the
 block's per-feature statistics (``column_stats=True``), computed in a cache-blocked pass over the
-parsed arrays (see :func:`_block_stats`).
+parsed arrays (see :mod:`pipeline.kernels.colstats`).
 """
 from __future__ import annotations
 
 import math
-import threading
 from dataclasses import dataclass
 
 import numba
 import numpy as np
 
+from pipeline.kernels import colstats
 from pipeline.kernels.intrinsics import base as _base
 from pipeline.kernels.intrinsics import cttz as _cttz
 from pipeline.kernels.intrinsics import load_u64 as _load_u64
-from pipeline.kernels.intrinsics import prefetch as _prefetch
 
 OK = 0
 BAD_LABEL = 1
@@ -75,10 +74,7 @@ _FAST_SPAN = 35
 
 # SWAR constants. numba types a bare int literal as int64, and uint64 (op) int64 is float64: keep the
 # arithmetic in uint64 with these.
-_U1 = np.uint64(1)
 _U3 = np.uint64(3)
-_U6 = np.uint64(6)
-_U63 = np.uint64(63)
 _U8 = np.uint64(8)
 _U10 = np.uint64(10)
 _U16 = np.uint64(16)
@@ -537,132 +533,6 @@ def parse_buffer(buf, *, zero_based=False, width=-1, skip_invalid=False, label_p
     out = Parsed(indptr[: nrows + 1], indices[:nnz], data[:nnz], labels[:nrows], row_line[:nrows],
                  errors, int(nlines), int(maxidx))
     if column_stats:
-        out.stats_idx, out.stats_nnz, out.stats_sumsq = _fused_stats(out.indptr, out.indices, out.data,
-                                                                     out.max_index)
+        out.stats_idx, out.stats_nnz, out.stats_sumsq = colstats.column_stats(
+            out.indptr, out.indices, out.data, out.max_index)
     return out
-
-
-# ------------------------------------------------------------------------------ column statistics
-
-# Feature band of the blocked statistics pass: float64[2 * band] scratch (4 MiB at 1 << 18) stays in the
-# last-level cache while the rows' entries of that band are added, instead of a cache miss per entry
-# into a width-sized scratch (266 MB at webspam width). 1 << 18 measured best on webspam-like blocks
-# (1 << 17: +7%, 1 << 19: +13%, 1 << 16: +20%). Module-level so that tests can change it.
-STATS_BAND = 1 << 18
-
-_BAND = threading.local()  # per thread: the band scratch of _fused_stats (parse tasks may share a process)
-
-
-@numba.njit(cache=True, nogil=True)
-def _block_stats(indptr, indices, data, width, band, scratch, bits, cur, out_idx, out_nnz, out_ss):
-    """Per-feature non-zero count and float64 sum of squares of CSR rows, feature band by feature band.
-
-    For each band [lo, lo + band) every row contributes its entries of that band (``cur`` keeps each
-    row's position; indices increase within a row), so each feature's squares are added in row order,
-    exactly like a row-by-row scan. ``scratch`` float64[2 * band] (count, sum of squares per feature) and
-    ``bits`` (one bit per feature of the band) are zero on entry and handed back zeroed. Writes the
-    present features in ascending order to the out arrays and returns their number.
-    """
-    nrows = indptr.shape[0] - 1
-    ip = _base(indices)
-    dp = _base(data)
-    sp = _base(scratch)
-    bp = _base(bits)
-    for r in range(nrows):
-        cur[r] = indptr[r]
-    nt = 0
-    lo = 0
-    uband = np.uint64(band)
-    while lo < width:
-        hi = min(lo + band, width)
-        for r in range(nrows):
-            if r + 8 < nrows:  # the rows' next segments are scattered: fetch a few rows ahead
-                c = cur[r + 8]
-                _prefetch(ip, c)
-                _prefetch(dp, c)
-                _prefetch(ip, c + 16)
-                _prefetch(dp, c + 16)
-            k = cur[r]
-            e = indptr[r + 1]
-            while k < e:
-                jl = np.uint64(np.int64(ip[k]) - lo)  # unsigned: no wraparound code
-                if jl >= uband:
-                    break
-                v = np.float64(dp[k])
-                s = jl + jl
-                sp[s] += 1.0
-                sp[s + _U1] += v * v
-                bp[jl >> _U6] |= _U1 << (jl & _U63)
-                k += 1
-            cur[r] = k
-        for w in range((hi - lo + 63) >> 6):
-            b = bp[w]
-            if b != 0:
-                bp[w] = 0
-                while b != 0:
-                    jl = w * 64 + np.int64(_cttz(b))
-                    out_idx[nt] = lo + jl
-                    out_nnz[nt] = np.int32(sp[2 * jl])
-                    out_ss[nt] = sp[2 * jl + 1]
-                    sp[2 * jl] = 0.0
-                    sp[2 * jl + 1] = 0.0
-                    nt += 1
-                    b &= b - _U1
-        lo = hi
-    return nt
-
-
-@numba.njit(cache=True, nogil=True)
-def _sorted_stats(indices, data, out_idx, out_nnz, out_ss):
-    """The statistics of :func:`_block_stats` by a stable sort of the entries (ties stay in row order):
-    for blocks much sparser than their width, where scanning the band bitmaps would dominate."""
-    order = np.argsort(indices, kind="mergesort")
-    nt = -1
-    last = -1
-    for t in range(order.shape[0]):
-        k = order[t]
-        j = np.int64(indices[k])
-        v = np.float64(data[k])
-        if j != last:
-            nt += 1
-            out_idx[nt] = j
-            out_nnz[nt] = 0
-            out_ss[nt] = 0.0
-            last = j
-        out_nnz[nt] += 1
-        out_ss[nt] += v * v
-    return nt + 1
-
-
-def _fused_stats(indptr, indices, data, width: int, band: int | None = None):
-    """(feature ids ascending, int32 counts, float64 sums of squares) of the features of CSR rows with
-    indices < ``width``. ``band`` forces the band width (tests); by default it is chosen here."""
-    nnz, nrows = indices.shape[0], indptr.shape[0] - 1
-    idx_dtype = np.int32 if indices.dtype == np.int32 else np.int64
-    if nnz == 0 or width <= 0:
-        return np.zeros(0, idx_dtype), np.zeros(0, np.int32), np.zeros(0, np.float64)
-    cap = min(nnz, width)
-    out_idx = np.empty(cap, idx_dtype)
-    out_nnz = np.empty(cap, np.int32)
-    out_ss = np.empty(cap, np.float64)
-    if band is None:
-        if width > 64 * nnz:  # the bitmaps (width / 64 words) would outweigh the entries
-            nt = _sorted_stats(indices, data, out_idx, out_nnz, out_ss)
-            return out_idx[:nt], out_nnz[:nt], out_ss[:nt]
-        # every band looks at every row: keep bands * rows <= nnz / 4 (wider bands for short rows; the
-        # scratch then grows towards float64[2 * width], touched only where used)
-        band = min(width, max(STATS_BAND, -(-4 * width * nrows // nnz)))
-    band = int(max(1, min(band, width)))
-    sc = getattr(_BAND, "scratch", None)
-    if sc is None or sc.shape[0] < 2 * band:
-        sc = np.zeros(2 * band, np.float64)
-        _BAND.scratch = sc
-        _BAND.bits = np.zeros((band + 63) >> 6, np.uint64)
-    cur = np.empty(nrows, np.int64)
-    nt = _block_stats(indptr, indices, data, width, band, sc, _BAND.bits, cur, out_idx, out_nnz, out_ss)
-    return out_idx[:nt], out_nnz[:nt], out_ss[:nt]
-
-
-def release_scratch() -> None:
-    """Free this thread's band scratch of the column statistics."""
-    _BAND.__dict__.clear()

@@ -94,14 +94,13 @@ def _write_one_chunk(path: str, arr: np.ndarray) -> None:
             "zarr_format": 3, "node_type": "array", "storage_transformers": []}
     if os.path.isdir(path):
         shutil.rmtree(path)
-    os.makedirs(path)
-    with open(os.path.join(path, "zarr.json"), "w", encoding="utf-8") as f:
-        json.dump(meta, f, indent=2)
+    os.mkdir(path)
+    _write_json(os.path.join(path, "zarr.json"), meta)
     if arr.shape[0]:
         data = arr.astype(arr.dtype.newbyteorder("<"), copy=False)
         if compress:
             data = _BLOSC.encode(data)
-        os.makedirs(os.path.join(path, "c"))
+        os.mkdir(os.path.join(path, "c"))
         with open(os.path.join(path, "c", "0"), "wb") as f:
             f.write(data)
 
@@ -158,8 +157,13 @@ def make_group(path: str, attrs: dict | None = None) -> None:
         zarr.open_group(store=path, mode="a", zarr_format=3, attributes=attrs or {})
         return
     os.makedirs(path, exist_ok=True)
-    with open(meta, "w", encoding="utf-8") as f:
-        json.dump({"attributes": attrs or {}, "zarr_format": 3, "node_type": "group"}, f, indent=2)
+    _write_json(meta, {"attributes": attrs or {}, "zarr_format": 3, "node_type": "group"})
+
+
+def _write_json(path: str, obj: dict) -> None:
+    """Metadata as compact JSON (json.dumps: the C encoder; json.dump with an indent is pure Python)."""
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(json.dumps(obj))
 
 
 def read_manifest(path: str) -> dict:
@@ -188,7 +192,7 @@ def write_manifest(path: str, manifest: dict) -> None:
     meta.setdefault("attributes", {})[ATTR] = manifest
     tmp = meta_path + ".tmp"
     with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(meta, f, indent=1)
+        f.write(json.dumps(meta))
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, meta_path)
