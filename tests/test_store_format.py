@@ -51,3 +51,18 @@ def test_read_array_reads_what_zarr_writes(tmp_path, chunk):
         zarr.create_array(store=str(tmp_path), name="x", shape=a.shape, dtype=a.dtype,
                           chunks=(chunk or a.shape[0],), compressors=comp, overwrite=True)[:] = a
         assert np.array_equal(fmt.read_array(str(tmp_path), "x"), a)
+
+
+@pytest.mark.parametrize("kind", ["compressible", "random"])
+def test_read_array_into_out_when_dtype_matches(tmp_path, kind):
+    rng = np.random.default_rng(1)
+    arr = np.arange(70_000, dtype=np.int32) if kind == "compressible" else rng.integers(0, 2**31, 70_000, np.int32)
+    fmt.make_group(str(tmp_path))
+    fmt.write_array(str(tmp_path), "a", arr)
+    out = np.full(80_000, -1, np.int32)
+    got = fmt.read_array(str(tmp_path), "a", out=out)
+    assert np.shares_memory(got, out) and np.array_equal(got, arr) and (out[70_000:] == -1).all()
+    for other in (np.zeros(80_000, np.int64), np.zeros(60_000, np.int32), np.zeros(160_000, np.int32)[::2]):
+        got = fmt.read_array(str(tmp_path), "a", out=other)  # wrong dtype, too short, strided: a new array
+        assert not np.shares_memory(got, other) and got.dtype == np.int32 and np.array_equal(got, arr)
+        assert not other.any()

@@ -1,5 +1,7 @@
 """The commit's sum of per-block feature statistics in block order: banded over the gathered sets, or a dense
 accumulator with a touched bitmap."""
+import functools
+
 import numpy as np
 import pytest
 
@@ -61,11 +63,11 @@ def test_sum_stats_gathers_or_accumulates_bit_identically(n_blocks, width, gathe
     rng = np.random.default_rng(n_blocks + width)
     blocks = [random_block(rng, 400, dtypes=(np.int32, np.int32), max_len=400) for _ in range(n_blocks)]
     sizes = [b[0].shape[0] for b in blocks]
-    got = stats.sum_stats([lambda b=b: b for b in blocks], sizes, width)
+    got = stats.sum_stats([lambda out=None, b=b: b for b in blocks], sizes, width)
     want = numpy_sum(blocks, width)
     assert np.array_equal(got[0], want[0]) and np.array_equal(got[1], want[1])
     assert np.array_equal(np.asarray(got[2]).view(np.uint64), want[2].view(np.uint64))
-    dense = sum(sizes) * 20 > max(gather_bytes, 16 * width)
+    dense = sum(sizes) * 16 > max(gather_bytes, 16 * width)
     assert not dense if gather_bytes else (dense or width > 400 or n_blocks < 5)  # both paths are taken
     assert bool(stats._SCRATCH) == dense
     stats.release_scratch()
@@ -85,3 +87,46 @@ def test_banded_sum_of_sets_equals_numpy_for_any_band(seed):
         assert all(np.array_equal(np.asarray(g).view(np.uint8), w.view(np.uint8)) for g, w in zip(got, want))
     sc = getattr(colstats._BAND, "scratch", None)
     assert sc is not None and not sc.any() and not colstats._BAND.bits.any()
+
+
+def test_gathered_counts_widen_beyond_int32():
+    """A previous version's counts past 2**31 (a store of > 2**31 rows) keep their exact sum."""
+    big = (np.array([2, 5], np.int32), np.array([2**31 + 5, 7], np.int64), np.array([1.0, 2.0]))
+    blk = (np.array([5, 9], np.int32), np.array([3, 1], np.int32), np.array([0.5, 0.25]))
+    f, c, s = stats.sum_stats([lambda out=None: big, lambda out=None: blk], [2, 2], 10)
+    assert f.tolist() == [2, 5, 9] and c.tolist() == [2**31 + 5, 10, 1] and s.tolist() == [1.0, 2.5, 0.25]
+
+
+def test_sum_of_stored_sets_reads_in_place_and_equals_numpy(tmp_path):
+    """Stored block statistics, a format-1 (dense) version and a sparse version with int64 counts, read by
+    read_stats into the gathered arrays where the dtypes allow, sum to the np.add.at reference."""
+    from pipeline.store import format as fmt
+
+    rng = np.random.default_rng(11)
+    width = 5000
+    blocks = [random_block(rng, width, dtypes=(np.int32, np.int32), max_len=800) for _ in range(4)]
+    groups = []
+    for k, (i, c, s) in enumerate(blocks):
+        g = str(tmp_path / f"b{k}")
+        fmt.make_group(g)
+        for name, a in (("stats_idx", i), ("stats_nnz", c), ("stats_sumsq", s)):
+            fmt.write_array(g, name, a)
+        groups.append(g)
+    f1 = str(tmp_path / "v1")  # format 1: dense int64 counts
+    fmt.make_group(f1)
+    base = numpy_sum(blocks[:2], width)
+    dense_nnz, dense_ss = np.zeros(width, np.int64), np.zeros(width)
+    dense_nnz[base[0]], dense_ss[base[0]] = base[1], base[2]
+    fmt.write_array(f1, "col_nnz", dense_nnz)
+    fmt.write_array(f1, "col_sumsq", dense_ss)
+    v2 = str(tmp_path / "v2")  # sparse version, int64 counts (written before counts were narrowed)
+    fmt.make_group(v2)
+    for name, a in (("feature", base[0].astype(np.int32)), ("col_nnz", base[1]), ("col_sumsq", base[2])):
+        fmt.write_array(v2, name, a)
+    for first in (f1, v2):
+        sets = [first] + groups[2:]
+        want = numpy_sum(blocks, width)
+        got = stats.sum_stats([functools.partial(stats.read_stats, g) for g in sets],
+                              [stats.stats_size(g) for g in sets], width)
+        assert all(np.array_equal(np.asarray(g).view(np.uint8), w.astype(g.dtype).view(np.uint8))
+                   for g, w in zip(got, want))

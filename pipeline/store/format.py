@@ -105,16 +105,18 @@ def _write_one_chunk(path: str, arr: np.ndarray) -> None:
             f.write(data)
 
 
-def read_array(group_path: str, name: str) -> np.ndarray:
+def read_array(group_path: str, name: str, out: np.ndarray | None = None) -> np.ndarray:
     """The whole zarr array ``group_path/name``; one-chunk arrays in the layout of :func:`_write_one_chunk`
-    are read directly (no zarr overhead), anything else through zarr."""
-    arr = _read_one_chunk(os.path.join(group_path, name))
+    are read directly (no zarr overhead), anything else through zarr. A given ``out`` of the stored dtype
+    and at least the stored length receives the array in its head (the result is then that view);
+    otherwise it is ignored."""
+    arr = _read_one_chunk(os.path.join(group_path, name), out)
     if arr is None:
         arr = zarr.open_array(store=group_path, path=name, mode="r")[...]
     return arr
 
 
-def _read_one_chunk(path: str) -> np.ndarray | None:
+def _read_one_chunk(path: str, out: np.ndarray | None = None) -> np.ndarray | None:
     try:
         with open(os.path.join(path, "zarr.json"), encoding="utf-8") as f:
             meta = json.load(f)
@@ -130,7 +132,11 @@ def _read_one_chunk(path: str) -> np.ndarray | None:
             or meta.get("storage_transformers")):
         return None
     dtype = np.dtype(meta["data_type"]).newbyteorder("<")
-    out = np.empty(shape[0], dtype=dtype)
+    fits = out is not None and out.dtype == dtype and out.ndim == 1 and out.shape[0] >= shape[0]
+    if fits and out.flags.c_contiguous:
+        out = out[:shape[0]]
+    else:
+        out = np.empty(shape[0], dtype=dtype)
     try:
         with open(os.path.join(path, "c", "0"), "rb") as f:
             if names[-1] == "blosc":

@@ -82,7 +82,7 @@ def harvest(acc, bits):
     return feature, count, sumsq
 
 
-# The concatenated sets of the banded sum cost 20 bytes per entry; they may take this much, or as much as
+# The concatenated sets of the banded sum cost 16 bytes per entry; they may take this much, or as much as
 # the dense accumulator (16 bytes per feature of the width) would, whichever is larger.
 GATHER_BYTES = 128 << 20
 
@@ -90,24 +90,32 @@ GATHER_BYTES = 128 << 20
 def sum_stats(loaders: list, sizes: list[int], width: int):
     """(feature, col_nnz, col_sumsq) of the statistics sets that ``loaders`` return, added in list order.
 
-    Sets that fit in memory together (see :data:`GATHER_BYTES`) are concatenated and summed band by band
-    in the cache (:func:`pipeline.kernels.colstats.band_sums`, one "row" per set); more go one by one
-    through the width-sized accumulator (its first touch costs ~0.3 s at webspam width on a fresh worker,
-    paid once per many blocks). Both add each feature's values in list order: bit-identical results."""
+    ``loaders[k](out=(idx, cnt, ss))`` returns set k as three arrays, read into the heads of the given
+    arrays where it can (see :func:`read_stats`); ``sizes[k]`` bounds its length. Sets that fit in memory
+    together (see :data:`GATHER_BYTES`) are read side by side and summed band by band in the cache
+    (:func:`pipeline.kernels.colstats.band_sums`, one "row" per set); more go one by one through the
+    width-sized accumulator (its first touch costs ~0.3 s at webspam width on a fresh worker). Both add
+    each feature's values in list order: bit-identical results."""
     total = sum(sizes)
-    if total * 20 <= max(GATHER_BYTES, 16 * width):
+    if total * 16 <= max(GATHER_BYTES, 16 * width):
         idx = np.empty(total, np.int32 if width < 2**31 else np.int64)
-        cnt = np.empty(total, np.int64)
+        cnt = np.empty(total, np.int32)  # block counts are int32; a wider set widens it (> 2**31 rows)
         ss = np.empty(total, np.float64)
-        ptr = [0]
-        for load in loaders:
-            i, c, s = load()
-            n, at = i.shape[0], ptr[-1]
-            idx[at:at + n], cnt[at:at + n], ss[at:at + n] = i, c, s
+        ptr, most = [0], 0  # most: a bound on any feature's summed count
+        for load, size in zip(loaders, sizes):
+            at = ptr[-1]
+            got = load(out=(idx[at:at + size], cnt[at:at + size], ss[at:at + size]))
+            n = got[0].shape[0]
+            most += int(got[1].max(initial=0))
+            if most > np.iinfo(cnt.dtype).max:
+                cnt = cnt.astype(np.int64)
+            for dst, src in zip((idx, cnt, ss), got):
+                if not np.may_share_memory(dst, src):
+                    dst[at:at + n] = src
             ptr.append(at + n)
-        f, c, s = colstats.column_stats(np.array(ptr, np.int64), idx[:ptr[-1]], ss[:ptr[-1]], width,
-                                        counts=cnt[:ptr[-1]], count_dtype=np.int64)
-        return f.astype(np.int64, copy=False), c, s
+        n = ptr[-1]
+        return colstats.column_stats(np.array(ptr, np.int64), idx[:n], ss[:n], width, counts=cnt[:n],
+                                     count_dtype=cnt.dtype)
     acc, bits = scratch(width)
     try:
         for load in loaders:
@@ -140,13 +148,14 @@ def write_stats(group: str, feature: np.ndarray, count: np.ndarray, sumsq: np.nd
     fmt.write_array(group, "col_sumsq", sumsq)
 
 
-def read_stats(group: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def read_stats(group: str, out: tuple | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(feature, count, sum of squares) of the features present: a block's statistics
     (``stats_idx/stats_nnz/stats_sumsq``), a store version's (``feature/col_nnz/col_sumsq``), or the dense
-    ``col_nnz/col_sumsq`` of format 1."""
+    ``col_nnz/col_sumsq`` of format 1. ``out``: three arrays to read the sparse layouts into where the
+    dtypes match (see :func:`pipeline.store.format.read_array`)."""
     for names in (("stats_idx", "stats_nnz", "stats_sumsq"), ("feature", "col_nnz", "col_sumsq")):
         if os.path.exists(os.path.join(group, names[0], "zarr.json")):
-            return tuple(fmt.read_array(group, n) for n in names)
+            return tuple(fmt.read_array(group, n, o) for n, o in zip(names, out or (None,) * 3))
     nnz = fmt.read_array(group, "col_nnz")
     f = np.flatnonzero(nnz)
     return f, nnz[f], fmt.read_array(group, "col_sumsq")[f]
