@@ -157,7 +157,7 @@ def _fast_pair(p, tok):
         v += 1
     uy = y - _B30
     a = _digit_run(uy)
-    mant = _digits_value(uy, a)
+    mant = np.int64(uy & _BYTE) if a == 1 else _digits_value(uy, a)  # one integer digit: "0.0123"
     q = v + a
     f = 0
     end = q
@@ -268,6 +268,36 @@ def _parse_number(p, pos, hi):
 
 
 @numba.njit(cache=True, nogil=True)
+def _general_pair(p, pos, n):
+    """One token at p[pos:] by the general code: returns (index, value, end, code); index -1 for a
+    ``qid:N`` token (accepted, skipped). Not inlined: the fast path's loop keeps its registers."""
+    if (pos + 3 < n and p[pos] == 113 and p[pos + 1] == 105 and p[pos + 2] == 100
+            and p[pos + 3] == _COLON):
+        pos += 4
+        q = pos
+        while pos < n and p[pos] >= 48 and p[pos] <= 57:
+            pos += 1
+        if pos == q or (pos < n and not _is_space(p[pos]) and not _is_end(p[pos])):
+            return 0, 0.0, pos, BAD_TOKEN
+        return -1, 0.0, pos, OK
+    if p[pos] == 45:
+        return 0, 0.0, pos, NEGATIVE_INDEX
+    idx = 0
+    nd = 0
+    while pos < n and p[pos] >= 48 and p[pos] <= 57:
+        if nd < 18:
+            idx = idx * 10 + (p[pos] - 48)
+        nd += 1
+        pos += 1
+    if nd == 0 or nd > 18 or pos >= n or p[pos] != _COLON:
+        return 0, 0.0, pos, BAD_TOKEN
+    val, p2, ok = _parse_number(p, pos + 1, n)
+    if not ok or (p2 < n and not _is_space(p[p2]) and not _is_end(p[p2])):
+        return 0, 0.0, p2, BAD_TOKEN
+    return idx, val, p2, OK
+
+
+@numba.njit(cache=True, nogil=True)
 def _pairs(p, pos, n, fast_last, base, lim, width, line_start, indices, data, nnz, state):
     """The index:value pairs of one line from ``pos``; returns (pos, nnz, prev, code, col).
 
@@ -310,40 +340,12 @@ def _pairs(p, pos, n, fast_last, base, lim, width, line_start, indices, data, nn
                 wait -= 1
         fin = True  # fast-path values are finite
         if not ok:  # the general path, from the token start
-            pos = tok
-            # qid:N is accepted and skipped
-            if (pos + 3 < n and p[pos] == 113 and p[pos + 1] == 105 and p[pos + 2] == 100
-                    and p[pos + 3] == _COLON):
-                pos += 4
-                q = pos
-                while pos < n and p[pos] >= 48 and p[pos] <= 57:
-                    pos += 1
-                if pos == q or (pos < n and not _is_space(p[pos]) and not _is_end(p[pos])):
-                    code = BAD_TOKEN
-                    col = tok - line_start
+            idx, val, pos, code = _general_pair(p, tok, n)
+            if code != OK:
+                col = tok - line_start
+                break
+            if idx < 0:  # qid:N, skipped
                 continue
-            if p[pos] == 45:
-                code = NEGATIVE_INDEX
-                col = tok - line_start
-                break
-            idx = 0
-            nd = 0
-            while pos < n and p[pos] >= 48 and p[pos] <= 57:
-                if nd < 18:
-                    idx = idx * 10 + (p[pos] - 48)
-                nd += 1
-                pos += 1
-            if nd == 0 or nd > 18 or pos >= n or p[pos] != _COLON:
-                code = BAD_TOKEN
-                col = tok - line_start
-                break
-            pos += 1
-            val, p2, ok = _parse_number(p, pos, n)
-            if not ok or (p2 < n and not _is_space(p[p2]) and not _is_end(p[p2])):
-                code = BAD_TOKEN
-                col = tok - line_start
-                break
-            pos = p2
             fin = math.isfinite(val)
         j = idx - base
         # one test for the common case (j <= prev also covers idx < base since prev >= -1)
