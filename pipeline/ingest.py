@@ -17,13 +17,13 @@ import json
 import mmap
 import os
 import shutil
-import threading
 import time
 import uuid
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
+from pipeline import arena
 from pipeline.formats import libsvm
 from pipeline.store import format as fmt
 from pipeline.store import stats
@@ -193,18 +193,6 @@ def plan(sources: list[dict], block_bytes: int, generation: int) -> list[Task]:
 # ------------------------------------------------------------------------------------ worker side
 
 _TAIL = 1 << 20  # read this much past the range end so the last line usually needs no second read
-_READ_BUF = threading.local()
-
-
-def _read_buffer(n: int) -> np.ndarray:
-    """A per-thread reusable read buffer (no page faults for every block after the first)."""
-    buf = getattr(_READ_BUF, "buf", None)
-    if buf is None or buf.shape[0] < n:
-        buf = np.empty(max(n, 1 << 20), dtype=np.uint8)
-        _READ_BUF.buf = buf
-    return buf
-
-
 def read_owned_lines(f, start: int, end: int, size: int) -> np.ndarray:
     """uint8 array of every line whose first byte lies in [start, end) of an open seekable file.
 
@@ -218,7 +206,7 @@ def read_owned_lines(f, start: int, end: int, size: int) -> np.ndarray:
     buf = _map_range(f, lo, want)
     if buf is None:
         f.seek(lo)
-        buf = _read_buffer(want)[:want]
+        buf = arena.buffer("ingest.read", want, np.uint8)
         got = f.readinto(memoryview(buf))
         buf = buf[:got]
     head = 0
@@ -308,7 +296,8 @@ def parse_task(root: str, task: Task, opts: dict) -> list[dict]:
     fmt.one_codec_thread()
     skip = o.on_invalid == "skip"
     kw = dict(zero_based=o.zero_based, width=o.n_features if o.n_features else -1, skip_invalid=skip,
-              label_pair=o.label_pair, index_dtype=np.int32, value_dtype=np.dtype(o.dtype), column_stats=True)
+              label_pair=o.label_pair, index_dtype=np.int32, value_dtype=np.dtype(o.dtype), column_stats=True,
+              reuse=True)  # each block is written before the next is parsed
     if task.compression is None:
         with _open(task.path) as f:
             buf = read_owned_lines(f, task.start, task.end, file_size(task.path))

@@ -350,3 +350,21 @@ def test_padded_texts_take_the_fast_path_with_the_same_results(text, bad, data):
     want, want_err = reference_parse(text + pad)
     assert [(e[0], e[2]) for e in b.errors] == want_err
     assert_rows_equal(to_rows(b), want)
+
+
+def test_reuse_parses_into_this_threads_buffers():
+    """reuse=True gives the same rows and statistics as fresh arrays, in buffers the next reuse parse
+    overwrites (ingest writes each block before parsing the next)."""
+    from pipeline import arena
+
+    texts = [b"1 1:0.5 7:1\n-1 3:2\n", b"-1 2:0.25 9:3 11:1\n1 4:1\n1 1:2\n"]
+    got = []
+    for t in texts:
+        want = libsvm.parse_buffer(t, column_stats=True, index_dtype=np.int32, value_dtype=np.float32)
+        p = libsvm.parse_buffer(t, column_stats=True, index_dtype=np.int32, value_dtype=np.float32, reuse=True)
+        for name in ("indptr", "indices", "data", "labels", "row_line", "stats_idx", "stats_nnz", "stats_sumsq"):
+            assert np.array_equal(getattr(p, name), getattr(want, name)), name
+        got.append(p)
+    assert np.shares_memory(got[0].indices, got[1].indices)
+    assert np.shares_memory(got[0].stats_sumsq, got[1].stats_sumsq)
+    arena.release()

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import numba
 import numpy as np
 
+from pipeline import arena
 from pipeline.kernels import colstats
 from pipeline.kernels.intrinsics import base as _base
 from pipeline.kernels.intrinsics import cttz as _cttz
@@ -506,24 +507,26 @@ class Parsed:
 
 
 def parse_buffer(buf, *, zero_based=False, width=-1, skip_invalid=False, label_pair=None,
-                 index_dtype=np.int64, value_dtype=np.float64, column_stats=False) -> Parsed:
+                 index_dtype=np.int64, value_dtype=np.float64, column_stats=False, reuse=False) -> Parsed:
     """Parse whole LIBSVM lines held in ``buf`` (bytes, memoryview or a uint8 array).
 
     Output capacity comes from safe bounds instead of a counting pass: a pair needs >= 4 bytes
     ("j:v" plus a separator) and a row >= 2 bytes, so nnz <= n/4 + 1 and rows <= n/2 + 1. The arrays are
     allocated uninitialised (untouched pages cost no memory) and returned as views of the used part.
     ``column_stats`` adds the per-feature statistics of the accepted rows (see :class:`Parsed`).
+    ``reuse``: the arrays are views of this thread's :mod:`pipeline.arena` buffers, valid until its next
+    ``reuse`` parse (for a caller that writes each block before parsing the next).
     """
     arr = buf if isinstance(buf, np.ndarray) else np.frombuffer(buf, dtype=np.uint8)
     arr = np.ascontiguousarray(arr, dtype=np.uint8)
     n = arr.shape[0]
     cap_nnz, cap_rows = n // 4 + 1, n // 2 + 2
-    indptr = np.empty(cap_rows + 1, dtype=np.int64)
+    indptr = arena.empty("libsvm.indptr", cap_rows + 1, np.int64, reuse)
     indptr[0] = 0
-    indices = np.empty(cap_nnz, dtype=index_dtype)
-    data = np.empty(cap_nnz, dtype=value_dtype)
-    labels = np.empty(cap_rows, dtype=np.float64)
-    row_line = np.empty(cap_rows, dtype=np.int64)
+    indices = arena.empty("libsvm.indices", cap_nnz, index_dtype, reuse)
+    data = arena.empty("libsvm.data", cap_nnz, value_dtype, reuse)
+    labels = arena.empty("libsvm.labels", cap_rows, np.float64, reuse)
+    row_line = arena.empty("libsvm.row_line", cap_rows, np.int64, reuse)
     err_line = np.empty(cap_rows if skip_invalid else 1, dtype=np.int64)
     err_col = np.empty_like(err_line)
     err_code = np.empty_like(err_line)
@@ -536,5 +539,5 @@ def parse_buffer(buf, *, zero_based=False, width=-1, skip_invalid=False, label_p
                  errors, int(nlines), int(maxidx))
     if column_stats:
         out.stats_idx, out.stats_nnz, out.stats_sumsq = colstats.column_stats(
-            out.indptr, out.indices, out.data, out.max_index)
+            out.indptr, out.indices, out.data, out.max_index, reuse=reuse)
     return out

@@ -19,6 +19,7 @@ import threading
 import numba
 import numpy as np
 
+from pipeline import arena
 from pipeline.kernels.intrinsics import base, cttz, prefetch
 
 # 1 << 18 measured best on webspam-like blocks (1 << 17: +7%, 1 << 19: +13%, 1 << 16: +20%). Module-level
@@ -116,20 +117,21 @@ def sorted_sums(indices, data, out_idx, out_nnz, out_ss):
     return nt + 1
 
 
-def column_stats(indptr, indices, values, width: int, counts=None, count_dtype=np.int32, band: int | None = None):
+def column_stats(indptr, indices, values, width: int, counts=None, count_dtype=np.int32, band: int | None = None,
+                 reuse: bool = False):
     """(feature ids ascending, counts, float64 sums of squares) of the features < ``width`` of CSR rows.
 
     ``counts`` None: ``values`` are the entries (see :func:`band_sums`); otherwise the rows are statistics
     sets and ``values`` their sums of squares. ``band`` forces the band width (tests); by default it is
-    chosen here."""
+    chosen here. ``reuse``: the results are views of this thread's :mod:`pipeline.arena` buffers."""
     nnz, nrows = indices.shape[0], indptr.shape[0] - 1
     idx_dtype = np.int32 if indices.dtype == np.int32 else np.int64
     if nnz == 0 or width <= 0:
         return np.zeros(0, idx_dtype), np.zeros(0, count_dtype), np.zeros(0, np.float64)
     cap = min(nnz, width)
-    out_idx = np.empty(cap, idx_dtype)
-    out_nnz = np.empty(cap, count_dtype)
-    out_ss = np.empty(cap, np.float64)
+    out_idx = arena.empty("colstats.idx", cap, idx_dtype, reuse)
+    out_nnz = arena.empty("colstats.nnz", cap, count_dtype, reuse)
+    out_ss = arena.empty("colstats.ss", cap, np.float64, reuse)
     if band is None:
         if counts is None and width > 64 * nnz:  # the bitmaps (width / 64 words) would outweigh the entries
             nt = sorted_sums(indices, values, out_idx, out_nnz, out_ss)
