@@ -299,7 +299,32 @@ def _general_pair(p, pos, n):
 
 
 @numba.njit(cache=True, nogil=True)
-def _pairs(p, pos, n, fast_last, base, lim, width, line_start, indices, data, nnz, state):
+def _fast_pairs(p, pos, fast_last, base, lim, indices, data, nnz):
+    """The common line: pairs of the fast shape (:func:`_fast_pair`), one space before each, increasing
+    indices below ``lim``, then a newline. Stores pairs from ``pos`` while the line keeps that shape and
+    returns (pos, nnz, prev) where it stopped: at the newline when the whole line was taken, else at the
+    first token (or separator) that :func:`_pairs` must look at. Few live values: they stay in registers."""
+    ip = _base(indices)
+    dp = _base(data)
+    prev = np.int64(-1)
+    while pos < fast_last and p[pos] == _SP:
+        c = p[pos + 1]
+        if c < 48 or c > 57:
+            break
+        idx, val, te, ok = _fast_pair(p, pos + 1)
+        j = idx - base
+        if not ok or j <= prev or j >= lim:
+            break
+        prev = j
+        ip[nnz] = j
+        dp[nnz] = val
+        nnz += 1
+        pos = te
+    return pos, nnz, prev
+
+
+@numba.njit(cache=True, nogil=True)
+def _pairs(p, pos, n, fast_last, base, lim, width, line_start, indices, data, nnz, prev, state):
     """The index:value pairs of one line from ``pos``; returns (pos, nnz, prev, code, col).
 
     A separate (not inlined) function so that the token loop gets the registers to itself. Values that
@@ -309,7 +334,6 @@ def _pairs(p, pos, n, fast_last, base, lim, width, line_start, indices, data, nn
     """
     code = OK
     col = 0
-    prev = -1
     ip = _base(indices)
     dp = _base(data)
     wait = state[0]  # pairs to go before the next fast-path attempt
@@ -430,9 +454,12 @@ def parse_libsvm(buf, one_based, width, skip_invalid, label_lo, label_hi, use_pa
             col = pos - line_start
         pos = p2
         prev = -1
-        if code == OK:  # (int64 casts: no second, literal-typed compilation of _pairs)
-            pos, nnz, prev, code, col = _pairs(p, pos, n, fast_last, base, lim, width,
-                                               np.int64(line_start), indices, data, np.int64(nnz), state)
+        if code == OK:
+            pos, nnz, prev = _fast_pairs(p, pos, fast_last, base, lim, indices, data, np.int64(nnz))
+            if pos >= n or p[pos] != _NL:  # not done: the general loop from this token (int64 casts: no
+                # second, literal-typed compilation of _pairs)
+                pos, nnz, prev, code, col = _pairs(p, pos, n, fast_last, base, lim, width, np.int64(line_start),
+                                                   indices, data, np.int64(nnz), np.int64(prev), state)
         # advance to the end of the line
         while pos < n and p[pos] != _NL:
             pos += 1

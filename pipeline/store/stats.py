@@ -1,12 +1,13 @@
 """Per-feature statistics of the training split: non-zero counts and sums of squares (E[x_j²] = sumsq/rows).
 
 Every block carries the statistics of the features it touches (``stats_idx`` ascending, ``stats_nnz``,
-``stats_sumsq``). The commit adds the training blocks' statistics in block order into a float64[W, 2]
-scratch (count and sum of squares side by side: one cache line per feature) with a bitmap of the touched
-features, so the sums do not depend on the number of workers (a feature's sum is added in block order),
-and writes the store's statistics sparsely: the features that occur, in feature order, so reading and
-writing them costs what the distinct features cost, not the declared width. (A fixed-tree merge of the
-sorted lists measured 2x slower on 15 blocks: every merge allocates fresh output pages.)
+``stats_sumsq``). The commit adds the training blocks' statistics in block order, so the sums do not depend
+on the number of workers (a feature's sum is added in block order): sets that fit in memory together are
+read side by side and summed band by band in the cache (one kernel with the per-block statistics,
+:mod:`pipeline.kernels.colstats`); more go one by one through a float64[W, 2] accumulator (count and sum of
+squares side by side: one cache line per feature) with a bitmap of the touched features. The store's
+statistics are written sparsely: the features that occur, in feature order, so reading and writing them
+costs what the distinct features cost, not the declared width.
 """
 from __future__ import annotations
 
