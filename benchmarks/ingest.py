@@ -49,17 +49,15 @@ def cache_file(path) -> None:
 
 
 def ingest_runs(path, store, block_mb, repeats=1, sample_memory=False):
-    """Ingest ``path`` ``repeats`` times into a fresh one-worker LocalCluster (after a tiny ingest that loads
-    the numba caches). Run 1 is a fresh worker (it also pays first-touch allocations); later runs reuse the
+    """Ingest ``path`` ``repeats`` times in a fresh one-worker cluster, the one `sparsepipe ingest --workers 1`
+    starts (after a tiny ingest that loads the numba caches). Run 1 is a fresh worker (it also pays first-touch allocations); later runs reuse the
     worker. Returns [(summary, wall seconds, CPU seconds)], peak worker RSS (or None)."""
-    from distributed import Client, LocalCluster
-
+    from pipeline.cluster import dask_client
     from pipeline.ingest import IngestOptions, ingest
 
     runs = []
     cache_file(path)
-    with LocalCluster(n_workers=1, threads_per_worker=1, host="127.0.0.1", dashboard_address="127.0.0.1:0",
-                      silence_logs=40) as cl, Client(cl) as c:
+    with dask_client(workers=1) as c:  # the cluster `sparsepipe ingest --workers 1` starts
         warm = store.parent / "warm.svm"
         warm.write_text("+1 1:0.5 7:1\n-1 3:2\n")
         shutil.rmtree(str(warm) + ".zarr", ignore_errors=True)

@@ -311,3 +311,15 @@ def test_memory_mapped_and_buffered_range_reads_agree(tmp):
             mapped.append(bytes(read_owned_lines(f, start, start + step, size)))
         buffered.append(bytes(read_owned_lines(io.BytesIO(text), start, start + step, size)))
     assert mapped == buffered and b"".join(mapped) == text
+
+
+def test_embedded_cluster_is_loopback_and_keeps_glibc_malloc_defaults():
+    """The cluster `ingest --workers N` starts: scheduler and workers on 127.0.0.1, and workers without
+    Dask's MALLOC_TRIM_THRESHOLD_ (it turns off glibc's adaptive mmap threshold: page faults on every block)."""
+    from pipeline.cluster import dask_client
+
+    with dask_client(workers=1) as c:
+        assert c.scheduler.address.startswith("tcp://127.0.0.1:")
+        info = c.scheduler_info()
+        assert all(w.startswith("tcp://127.0.0.1:") for w in info["workers"])
+        assert list(c.run(os.environ.get, "MALLOC_TRIM_THRESHOLD_").values()) == [None]
