@@ -39,7 +39,9 @@ def worker_environ() -> dict:
     """Dask's environment for new worker processes, less its MALLOC_TRIM_THRESHOLD_: setting that turns
     off glibc's adaptive mmap threshold, so every array above 128 KiB is a fresh mapping that page-faults
     again on every block (a 200 MB ingest: ~0.43 s instead of ~0.47 s warm). glibc's defaults still
-    give freed memory back, above a threshold that adapts to the allocations (at most 64 MiB)."""
+    give freed memory back, above a threshold that adapts to the allocations (at most 64 MiB). A value the
+    user exported is inherited as usual; so is the one a Dask cluster started earlier in the same process
+    wrote into os.environ (Dask's nanny sets it there)."""
     env = dict(dask.config.get("distributed.nanny.pre-spawn-environ", {}))
     env.pop("MALLOC_TRIM_THRESHOLD_", None)
     return env

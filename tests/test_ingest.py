@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -313,13 +314,25 @@ def test_memory_mapped_and_buffered_range_reads_agree(tmp):
     assert mapped == buffered and b"".join(mapped) == text
 
 
-def test_embedded_cluster_is_loopback_and_keeps_glibc_malloc_defaults():
-    """The cluster `ingest --workers N` starts: scheduler and workers on 127.0.0.1, and workers without
-    Dask's MALLOC_TRIM_THRESHOLD_ (it turns off glibc's adaptive mmap threshold: page faults on every block)."""
-    from pipeline.cluster import dask_client
-
+def test_embedded_cluster_is_loopback_and_keeps_glibc_malloc_defaults(tmp):
+    """The cluster `sparsepipe ingest --workers N` starts (in a fresh process, like the CLI): scheduler and
+    workers on 127.0.0.1, and workers without Dask's MALLOC_TRIM_THRESHOLD_ (it turns off glibc's adaptive
+    mmap threshold: page faults on every block)."""
+    code = """
+import json, os
+from pipeline.cluster import dask_client
+if __name__ == "__main__":
     with dask_client(workers=1) as c:
-        assert c.scheduler.address.startswith("tcp://127.0.0.1:")
-        info = c.scheduler_info()
-        assert all(w.startswith("tcp://127.0.0.1:") for w in info["workers"])
-        assert list(c.run(os.environ.get, "MALLOC_TRIM_THRESHOLD_").values()) == [None]
+        print(json.dumps({"scheduler": c.scheduler.address, "workers": list(c.scheduler_info()["workers"]),
+                          "trim": list(c.run(os.environ.get, "MALLOC_TRIM_THRESHOLD_").values())}))
+"""
+    script = tmp / "cluster_env.py"
+    script.write_text(code)
+    env = {k: v for k, v in os.environ.items() if k != "MALLOC_TRIM_THRESHOLD_"}  # as a fresh shell has it
+    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[1])
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=120)
+    assert out.returncode == 0, out.stderr
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got["scheduler"].startswith("tcp://127.0.0.1:")
+    assert got["workers"] and all(w.startswith("tcp://127.0.0.1:") for w in got["workers"])
+    assert got["trim"] == [None]
