@@ -25,6 +25,7 @@ import numpy as np
 
 from pipeline import arena
 from pipeline.formats import libsvm
+from pipeline.store import checksum
 from pipeline.store import format as fmt
 from pipeline.store import stats
 
@@ -274,7 +275,7 @@ def _block_result(key: str, parsed: libsvm.Parsed, nbytes: int) -> dict:
     res["label_first_line"] = parsed.row_line[first].tolist()
     sidx, snnz, ssum = parsed.stats_idx, parsed.stats_nnz, parsed.stats_sumsq
     labels32 = labels.astype(np.float32)
-    res["checksum"] = fmt.checksum(parsed.indptr, parsed.indices, parsed.data, labels32)
+    res["checksum"] = checksum.checksum(parsed.indptr, parsed.indices, parsed.data, labels32)
     res["_arrays"] = (parsed.indptr, parsed.indices, parsed.data, labels32, sidx, snnz, ssum)
     return res
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import zlib
 
 import numpy as np
 import zarr
@@ -146,14 +145,6 @@ def _read_one_chunk(path: str, out: np.ndarray | None = None) -> np.ndarray | No
     except FileNotFoundError:  # never written: all fill value
         out[:] = meta.get("fill_value", 0)
     return out
-
-
-def checksum(*arrays: np.ndarray) -> str:
-    """crc32 over the arrays' bytes, hex; recorded per block in the manifest."""
-    c = 0
-    for a in arrays:
-        c = zlib.crc32(np.ascontiguousarray(a).view(np.uint8), c)
-    return f"{c:08x}"
 
 
 def make_group(path: str, attrs: dict | None = None) -> None:

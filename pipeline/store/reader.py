@@ -8,6 +8,7 @@ from functools import cached_property
 import numpy as np
 import scipy.sparse as sp
 
+from pipeline.store import checksum
 from pipeline.store import format as fmt
 from pipeline.store import stats
 
@@ -61,8 +62,8 @@ class Block:
         return sp.csr_matrix((self.data, self.indices, self.indptr), shape=(self.n_rows, self.n_features))
 
     def verify(self) -> bool:
-        """True when the arrays' crc32 equals the manifest's checksum."""
-        return fmt.checksum(self.indptr, self.indices, self.data, self.raw_labels) == self.entry["checksum"]
+        """True when the arrays' checksum equals the manifest's (XXH64, or crc32 in older stores)."""
+        return checksum.matches(self.entry["checksum"], self.indptr, self.indices, self.data, self.raw_labels)
 
 
 class Store:
