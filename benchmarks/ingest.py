@@ -83,7 +83,7 @@ def main():
     ap.add_argument("--mb", type=float, default=200, help="size of the comparison file in MB")
     ap.add_argument("--big-factor", type=float, default=5, help="memory run on a file this many times larger")
     ap.add_argument("--block-mb", type=float, default=64)
-    ap.add_argument("--repeats", type=int, default=4, help="ingests of the comparison file in one cluster")
+    ap.add_argument("--repeats", type=int, default=8, help="ingests of the comparison file in one cluster")
     a = ap.parse_args()
     d = out_dir() / "data"
     d.mkdir(exist_ok=True)

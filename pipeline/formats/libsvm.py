@@ -143,7 +143,7 @@ def _fast_pair(p, tok):
     t0 = _below_21(x0)
     t1 = _below_21(_load_u64(p, tok + 8))
     t2 = _below_21(_load_u64(p, tok + 16))
-    ln = t0 if t0 < 8 else (8 + t1 if t1 < 8 else 16 + t2)
+    ln = t0 + (t0 >> 3) * (t1 + (t1 >> 3) * t2)  # t0 if t0 < 8, else 8 + ..: no branch on the length
     te = tok + ln
     u0 = x0 - _B30
     k = _digit_run(u0)
