@@ -348,7 +348,8 @@ def source_stats_task(root: str, keys: list[str], n_features: int, base: str | N
     fmt.one_codec_thread()
     groups = ([f"{root}/{base}"] if base is not None else []) + [f"{root}/blocks/{k}" for k in keys]
     loaders = [functools.partial(stats.read_stats, g) for g in groups]
-    feature, count, sumsq = stats.sum_stats(loaders, [stats.stats_size(g) for g in groups], n_features)
+    sizes = [stats.stats_size(g) for g in groups]
+    feature, count, sumsq = stats.sum_stats(loaders, sizes, n_features, reuse=True)  # written at once
     fmt.make_group(f"{root}/stats")
     stats.write_stats(f"{root}/{out}", feature, count, sumsq, n_features)
 

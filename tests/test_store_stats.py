@@ -130,3 +130,21 @@ def test_sum_of_stored_sets_reads_in_place_and_equals_numpy(tmp_path):
                               [stats.stats_size(g) for g in sets], width)
         assert all(np.array_equal(np.asarray(g).view(np.uint8), w.astype(g.dtype).view(np.uint8))
                    for g, w in zip(got, want))
+
+
+def test_reused_buffers_give_the_same_sums_and_are_kept_only_when_small(monkeypatch):
+    from pipeline import arena
+
+    rng = np.random.default_rng(21)
+    blocks = [random_block(rng, 3000, dtypes=(np.int32, np.int32), max_len=500) for _ in range(3)]
+    sizes = [b[0].shape[0] for b in blocks]
+    loaders = [lambda out=None, b=b: b for b in blocks]
+    want = numpy_sum(blocks, 3000)
+    arena.release()
+    for limit, kept in ((1 << 20, True), (0, False)):
+        monkeypatch.setattr(stats, "REUSE_BYTES", limit)
+        got = stats.sum_stats(loaders, sizes, 3000, reuse=True)
+        assert all(np.array_equal(np.asarray(g).view(np.uint8), w.astype(g.dtype).view(np.uint8))
+                   for g, w in zip(got, want))
+        assert np.shares_memory(got[2], arena.buffer("colstats.ss", 1, np.float64)) == kept
+        arena.release()

@@ -17,6 +17,7 @@ import os
 import numba
 import numpy as np
 
+from pipeline import arena
 from pipeline.kernels import colstats
 from pipeline.kernels.intrinsics import cttz
 from pipeline.store import format as fmt
@@ -86,9 +87,12 @@ def harvest(acc, bits):
 # The concatenated sets of the banded sum cost 16 bytes per entry; they may take this much, or as much as
 # the dense accumulator (16 bytes per feature of the width) would, whichever is larger.
 GATHER_BYTES = 128 << 20
+# A commit whose gathered sets take at most this much may keep them in the worker thread's reusable buffers
+# (pipeline.arena): a long-lived worker's next small commit then pays no page faults for them.
+REUSE_BYTES = 64 << 20
 
 
-def sum_stats(loaders: list, sizes: list[int], width: int):
+def sum_stats(loaders: list, sizes: list[int], width: int, reuse: bool = False):
     """(feature, col_nnz, col_sumsq) of the statistics sets that ``loaders`` return, added in list order.
 
     ``loaders[k](out=(idx, cnt, ss))`` returns set k as three arrays, read into the heads of the given
@@ -96,12 +100,15 @@ def sum_stats(loaders: list, sizes: list[int], width: int):
     together (see :data:`GATHER_BYTES`) are read side by side and summed band by band in the cache
     (:func:`pipeline.kernels.colstats.band_sums`, one "row" per set); more go one by one through the
     width-sized accumulator (its first touch costs ~0.3 s at webspam width on a fresh worker). Both add
-    each feature's values in list order: bit-identical results."""
+    each feature's values in list order: bit-identical results. ``reuse``: sets of at most
+    :data:`REUSE_BYTES` are gathered in, and summed into, this thread's :mod:`pipeline.arena` buffers
+    (the results are then views of them, valid until its next ``reuse`` work)."""
     total = sum(sizes)
     if total * 16 <= max(GATHER_BYTES, 16 * width):
-        idx = np.empty(total, np.int32 if width < 2**31 else np.int64)
-        cnt = np.empty(total, np.int32)  # block counts are int32; a wider set widens it (> 2**31 rows)
-        ss = np.empty(total, np.float64)
+        keep = reuse and total * 16 <= REUSE_BYTES
+        idx = arena.empty("stats.idx", total, np.int32 if width < 2**31 else np.int64, keep)
+        cnt = arena.empty("stats.cnt", total, np.int32, keep)  # block counts are int32; widened past 2**31
+        ss = arena.empty("stats.ss", total, np.float64, keep)
         ptr, most = [0], 0  # most: a bound on any feature's summed count
         for load, size in zip(loaders, sizes):
             at = ptr[-1]
@@ -116,7 +123,7 @@ def sum_stats(loaders: list, sizes: list[int], width: int):
             ptr.append(at + n)
         n = ptr[-1]
         return colstats.column_stats(np.array(ptr, np.int64), idx[:n], ss[:n], width, counts=cnt[:n],
-                                     count_dtype=cnt.dtype)
+                                     count_dtype=cnt.dtype, reuse=keep)
     acc, bits = scratch(width)
     try:
         for load in loaders:
