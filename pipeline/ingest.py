@@ -194,6 +194,8 @@ def plan(sources: list[dict], block_bytes: int, generation: int) -> list[Task]:
 # ------------------------------------------------------------------------------------ worker side
 
 _TAIL = 1 << 20  # read this much past the range end so the last line usually needs no second read
+
+
 def read_owned_lines(f, start: int, end: int, size: int) -> np.ndarray:
     """uint8 array of every line whose first byte lies in [start, end) of an open seekable file.
 

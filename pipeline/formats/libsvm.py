@@ -128,6 +128,12 @@ def _is_end(c):
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
+def _token_end(p, pos, n):
+    """A token may end at ``pos``: the buffer end, whitespace, a newline or a comment."""
+    return pos >= n or _is_space(p[pos]) or _is_end(p[pos])
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
 def _fast_pair(p, tok):
     """Fast path for a pair ``digits:[+-]digits[.digits]`` followed by a space, tab, CR or LF.
 
@@ -278,7 +284,7 @@ def _general_pair(p, pos, n):
         q = pos
         while pos < n and p[pos] >= 48 and p[pos] <= 57:
             pos += 1
-        if pos == q or (pos < n and not _is_space(p[pos]) and not _is_end(p[pos])):
+        if pos == q or not _token_end(p, pos, n):
             return 0, 0.0, pos, BAD_TOKEN
         return -1, 0.0, pos, OK
     if p[pos] == 45:
@@ -293,7 +299,7 @@ def _general_pair(p, pos, n):
     if nd == 0 or nd > 18 or pos >= n or p[pos] != _COLON:
         return 0, 0.0, pos, BAD_TOKEN
     val, p2, ok = _parse_number(p, pos + 1, n)
-    if not ok or (p2 < n and not _is_space(p[p2]) and not _is_end(p[p2])):
+    if not ok or not _token_end(p, p2, n):
         return 0, 0.0, p2, BAD_TOKEN
     return idx, val, p2, OK
 
@@ -443,7 +449,7 @@ def parse_libsvm(buf, one_based, width, skip_invalid, label_lo, label_hi, use_pa
         row_nnz_start = nnz
         # label
         lab, p2, ok = _parse_number(p, pos, n)
-        if not ok or (p2 < n and not _is_space(p[p2]) and not _is_end(p[p2])):
+        if not ok or not _token_end(p, p2, n):
             code = BAD_LABEL
             col = pos - line_start
         elif not math.isfinite(lab):
@@ -456,8 +462,8 @@ def parse_libsvm(buf, one_based, width, skip_invalid, label_lo, label_hi, use_pa
         prev = -1
         if code == OK:
             pos, nnz, prev = _fast_pairs(p, pos, fast_last, base, lim, indices, data, np.int64(nnz))
-            if pos >= n or p[pos] != _NL:  # not done: the general loop from this token (int64 casts: no
-                # second, literal-typed compilation of _pairs)
+            if pos >= n or p[pos] != _NL:  # not the whole line: the general loop from where it stopped
+                # (int64 casts: no second, literal-typed compilation of _pairs)
                 pos, nnz, prev, code, col = _pairs(p, pos, n, fast_last, base, lim, width, np.int64(line_start),
                                                    indices, data, np.int64(nnz), np.int64(prev), state)
         # advance to the end of the line

@@ -78,20 +78,29 @@ def band_sums(indptr, indices, values, counts, width, band, scratch, bits, cur, 
                 bp[jl >> _U6] |= _U1 << (jl & _U63)
                 k += 1
             cur[r] = k
-        for w in range((hi - lo + 63) >> 6):
-            b = bp[w]
-            if b != 0:
-                bp[w] = 0
-                while b != 0:
-                    jl = w * 64 + np.int64(cttz(b))
-                    out_idx[nt] = lo + jl
-                    out_nnz[nt] = np.int64(sp[2 * jl])
-                    out_ss[nt] = sp[2 * jl + 1]
-                    sp[2 * jl] = 0.0
-                    sp[2 * jl + 1] = 0.0
-                    nt += 1
-                    b &= b - _U1
+        nt = drain(bp, (hi - lo + 63) >> 6, sp, lo, out_idx, out_nnz, out_ss, nt)
         lo = hi
+    return nt
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def drain(bp, nwords, sp, lo, out_idx, out_nnz, out_ss, nt):
+    """Move the features marked in the first ``nwords`` words of the bitmap ``bp`` (feature ``lo`` + bit
+    position) from the (count, sum of squares) pairs ``sp`` to the out arrays from ``nt`` on, in feature
+    order; zero the pairs and the words; return the new ``nt``. ``bp``, ``sp``: raw pointers."""
+    for w in range(nwords):
+        b = bp[w]
+        if b != 0:
+            bp[w] = 0
+            while b != 0:
+                jl = w * 64 + np.int64(cttz(b))
+                out_idx[nt] = lo + jl
+                out_nnz[nt] = np.int64(sp[2 * jl])
+                out_ss[nt] = sp[2 * jl + 1]
+                sp[2 * jl] = 0.0
+                sp[2 * jl + 1] = 0.0
+                nt += 1
+                b &= b - _U1
     return nt
 
 

@@ -131,11 +131,9 @@ def _read_one_chunk(path: str, out: np.ndarray | None = None) -> np.ndarray | No
             or meta.get("storage_transformers")):
         return None
     dtype = np.dtype(meta["data_type"]).newbyteorder("<")
-    fits = out is not None and out.dtype == dtype and out.ndim == 1 and out.shape[0] >= shape[0]
-    if fits and out.flags.c_contiguous:
-        out = out[:shape[0]]
-    else:
-        out = np.empty(shape[0], dtype=dtype)
+    fits = (out is not None and out.dtype == dtype and out.ndim == 1 and out.shape[0] >= shape[0]
+            and out.flags.c_contiguous)
+    out = out[:shape[0]] if fits else np.empty(shape[0], dtype=dtype)
     try:
         with open(os.path.join(path, "c", "0"), "rb") as f:
             if names[-1] == "blosc":

@@ -19,7 +19,7 @@ import numpy as np
 
 from pipeline import arena
 from pipeline.kernels import colstats
-from pipeline.kernels.intrinsics import cttz
+from pipeline.kernels.intrinsics import base
 from pipeline.store import format as fmt
 
 _SCRATCH: dict = {}
@@ -66,21 +66,8 @@ def harvest(acc, bits):
     feature = np.empty(n, np.int64)
     count = np.empty(n, np.int64)
     sumsq = np.empty(n, np.float64)
-    t = 0
-    for w in range(bits.shape[0]):
-        b = bits[w]
-        if b == 0:
-            continue
-        bits[w] = 0
-        while b != 0:
-            j = w * 64 + np.int64(cttz(b))
-            feature[t] = j
-            count[t] = np.int64(acc[j, 0])
-            sumsq[t] = acc[j, 1]
-            acc[j, 0] = 0.0
-            acc[j, 1] = 0.0
-            t += 1
-            b &= b - one
+    flat = acc.reshape(-1)  # (count, sum of squares) pairs, as colstats.drain reads them
+    colstats.drain(base(bits), bits.shape[0], base(flat), 0, feature, count, sumsq, 0)
     return feature, count, sumsq
 
 
