@@ -85,6 +85,7 @@ class Task:
     end: int
     compression: str | None
     keys: list = field(default_factory=list)
+    stats: bool = True  # False: a holdout block (known at planning); its feature statistics are not needed
 
 
 # ----------------------------------------------------------------------------------------- planning
@@ -275,20 +276,22 @@ def _block_result(key: str, parsed: libsvm.Parsed, nbytes: int) -> dict:
     res["label_values"] = vals.tolist()
     res["label_counts"] = counts.tolist()
     res["label_first_line"] = parsed.row_line[first].tolist()
-    sidx, snnz, ssum = parsed.stats_idx, parsed.stats_nnz, parsed.stats_sumsq
     labels32 = labels.astype(np.float32)
     res["checksum"] = checksum.checksum(parsed.indptr, parsed.indices, parsed.data, labels32)
-    res["_arrays"] = (parsed.indptr, parsed.indices, parsed.data, labels32, sidx, snnz, ssum)
+    res["_arrays"] = {"indptr": parsed.indptr, "indices": parsed.indices, "data": parsed.data,
+                      "labels": labels32}
+    if parsed.stats_idx is not None:
+        res["_arrays"].update(stats_idx=parsed.stats_idx, stats_nnz=parsed.stats_nnz,
+                              stats_sumsq=parsed.stats_sumsq)
     return res
 
 
 def _write_block(root: str, res: dict) -> dict:
-    indptr, indices, data, labels, sidx, snnz, ssum = res.pop("_arrays")
+    arrays = res.pop("_arrays")
     g = f"{root}/blocks/{res['key']}"
     fmt.make_group(g, {"encoding-type": "csr_matrix", "encoding-version": "0.1.0",
-                       "shape": [int(labels.shape[0]), int(res["max_index"])]})
-    for name, arr in (("indptr", indptr), ("indices", indices), ("data", data), ("labels", labels),
-                      ("stats_idx", sidx), ("stats_nnz", snnz), ("stats_sumsq", ssum)):
+                       "shape": [int(arrays["labels"].shape[0]), int(res["max_index"])]})
+    for name, arr in arrays.items():
         fmt.write_array(g, name, arr)
     return res
 
@@ -299,7 +302,7 @@ def parse_task(root: str, task: Task, opts: dict) -> list[dict]:
     fmt.one_codec_thread()
     skip = o.on_invalid == "skip"
     kw = dict(zero_based=o.zero_based, width=o.n_features if o.n_features else -1, skip_invalid=skip,
-              label_pair=o.label_pair, index_dtype=np.int32, value_dtype=np.dtype(o.dtype), column_stats=True,
+              label_pair=o.label_pair, index_dtype=np.int32, value_dtype=np.dtype(o.dtype), column_stats=task.stats,
               reuse=True)  # each block is written before the next is parsed
     if task.compression is None:
         with _open(task.path) as f:
@@ -451,6 +454,11 @@ def ingest(inputs: list[str], out: str, options: IngestOptions | None = None, *,
             fmt.make_group(f"{root}/blocks")
         try:
             tasks = plan(sources, int(o.block_mb * (1 << 20)), generation)
+            if all(t.compression is None for t in tasks):  # every block known now: the holdout too, unless a
+                # range turns out empty (then the commit computes a training block's statistics itself)
+                hold = set(_choose_holdout([t.keys[0] for t in tasks], o.holdout, o.seed, generation))
+                for t in tasks:
+                    t.stats = t.keys[0] not in hold
             with dask_client(workers, scheduler, client) as c:
                 t_ready = time.time()
                 results = _run_tasks(c, root, tasks, o, sum(s["size"] for s in sources), progress)

@@ -99,6 +99,25 @@ def test_holdout_is_chosen_by_seed(tmp, client):
     assert keys[0] == keys[1] != keys[2] and len(keys[0]) == round(0.3 * len(open_store(tmp / "a").manifest["blocks"]))
 
 
+def test_holdout_blocks_skip_statistics_and_empty_ranges_keep_them_exact(tmp, client):
+    """Holdout blocks of plain text are planned ahead and written without statistics. Ranges inside a long
+    line hold no rows, so the commit's holdout (among blocks with rows) can differ from the plan: training
+    blocks written without statistics then have them computed at the commit, and the store's equal its
+    training rows' exactly."""
+    text = lines(60, seed=3)
+    text[20] = "+1 " + " ".join(f"{i}:0.{i:04d}" for i in range(1, 400))  # ~4 kB: several empty ranges
+    f = write(tmp / "long.svm", "\n".join(text) + "\n")
+    without = {"holdout": 0, "train": 0}  # blocks written without statistics, by split
+    for seed in range(6):
+        out = tmp / f"s{seed}"
+        ingest([f], str(out), IngestOptions(block_mb=0.0005, holdout=0.3, seed=seed), client=client)
+        st = open_store(out)
+        assert_stats_of_training_rows(st)
+        for b in st.manifest["blocks"]:
+            without[b["split"]] += not (out / "blocks" / b["key"] / "stats_idx").is_dir()
+    assert without["holdout"] > 0 and without["train"] > 0
+
+
 BAD = [("1 1:1 3:2 2:1", "not increasing"), ("1 0:1", "index 0"), ("1 1:1 1:2", "duplicate"),
        ("1 1:nan", "non-finite"), ("1 x:1", "bad token"), ("one 1:1", "bad label"), ("1 99:1", "beyond")]
 

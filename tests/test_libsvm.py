@@ -368,3 +368,22 @@ def test_reuse_parses_into_this_threads_buffers():
     assert np.shares_memory(got[0].indices, got[1].indices)
     assert np.shares_memory(got[0].stats_sumsq, got[1].stats_sumsq)
     arena.release()
+
+
+def test_below_mask32_equals_numpy():
+    import numba
+
+    from pipeline.kernels.intrinsics import base, below_mask32
+
+    @numba.njit
+    def masks(a, c):
+        out = np.empty(a.shape[0] - 31, np.uint64)
+        for i in range(out.shape[0]):
+            out[i] = below_mask32(base(a), i, c)
+        return out
+
+    a = np.random.default_rng(1).integers(0, 256, 400).astype(np.uint8)
+    a[::7] = 32
+    for c in (33, 48, 128, 255):
+        want = [int(sum(1 << k for k in range(32) if a[i + k] < c)) for i in range(a.shape[0] - 31)]
+        assert masks(a, c).tolist() == want

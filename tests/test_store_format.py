@@ -66,3 +66,27 @@ def test_read_array_into_out_when_dtype_matches(tmp_path, kind):
         got = fmt.read_array(str(tmp_path), "a", out=other)  # wrong dtype, too short, strided: a new array
         assert not np.shares_memory(got, other) and got.dtype == np.int32 and np.array_equal(got, arr)
         assert not other.any()
+
+
+@pytest.mark.parametrize("dtype", [np.uint8, np.int32, np.int64, np.float32, np.float64])
+def test_codec_writes_numcodecs_frames_into_a_reused_buffer(dtype, monkeypatch):
+    from numcodecs import Blosc
+
+    from pipeline.store import codec
+
+    ref = Blosc(cname="lz4", clevel=5, shuffle=Blosc.SHUFFLE, blocksize=0)
+    rng = np.random.default_rng(0)
+    for n in (0, 1, 1000, 300_000):
+        a = np.sort(rng.integers(0, 1000, n)).astype(dtype)
+        assert bytes(codec.encode(a)) == ref.encode(a)
+    a, b = (np.arange(50_000, dtype=dtype) * k for k in (1, 3))
+    ea = codec.encode(a)
+    assert bytes(ea) == ref.encode(a)
+    eb = codec.encode(b)  # the same thread buffer: the earlier frame is overwritten
+    assert np.shares_memory(np.frombuffer(ea, np.uint8), np.frombuffer(eb, np.uint8))
+    assert bytes(eb) == ref.encode(b)
+    fresh = codec.encode(a, reuse=False)
+    assert not np.shares_memory(np.frombuffer(fresh, np.uint8), np.frombuffer(eb, np.uint8))
+    monkeypatch.setattr(codec, "REUSE_BYTES", 1000)  # larger frames are not kept by the thread
+    big = codec.encode(b)
+    assert bytes(big) == ref.encode(b) and not np.shares_memory(np.frombuffer(big, np.uint8), np.frombuffer(eb, np.uint8))

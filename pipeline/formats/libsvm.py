@@ -28,6 +28,7 @@ import numpy as np
 from pipeline import arena
 from pipeline.kernels import colstats
 from pipeline.kernels.intrinsics import base as _base
+from pipeline.kernels.intrinsics import below_mask32 as _below_mask32
 from pipeline.kernels.intrinsics import cttz as _cttz
 from pipeline.kernels.intrinsics import load_u64 as _load_u64
 
@@ -81,9 +82,9 @@ _U10 = np.uint64(10)
 _U16 = np.uint64(16)
 _U32 = np.uint64(32)
 _BYTE = np.uint64(0xFF)
+_BIT32 = np.uint64(1 << 32)
 _MINUS = np.uint64(45)
 _PLUS = np.uint64(43)
-_B21 = np.uint64(0x2121212121212121)
 _B30 = np.uint64(0x3030303030303030)
 _B76 = np.uint64(0x7676767676767676)
 _B80 = np.uint64(0x8080808080808080)
@@ -109,12 +110,6 @@ def _digits_value(t, k):
     t = (t << s) << s  # the k digits to the top bytes, zeros below; two shifts so that k == 0 gives 0
     t = t * _U10 + (t >> _U8)  # pairs
     return np.int64((((t & _L1) * _MUL1) + (((t >> _U16) & _L1) * _MUL2)) >> _U32)
-
-
-@numba.njit(cache=True, nogil=True, inline="always")
-def _below_21(x):
-    """Offset (0..8) of the first byte < 0x21 (space, tab, CR, LF, control) in ``x``; 8 if none."""
-    return np.int64(_cttz((x - _B21) & ~x & _B80) >> _U3)
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
@@ -145,11 +140,8 @@ def _fast_pair(p, tok):
     float() when the mantissa is below 2**53).
     """
     x0 = _load_u64(p, tok)
-    # the token end from three independent loads: the next token does not wait for this one's value
-    t0 = _below_21(x0)
-    t1 = _below_21(_load_u64(p, tok + 8))
-    t2 = _below_21(_load_u64(p, tok + 16))
-    ln = t0 + (t0 >> 3) * (t1 + (t1 >> 3) * t2)  # t0 if t0 < 8, else 8 + ..: no branch on the length
+    # the token end from one 32-byte compare: the next token does not wait for this one's value
+    ln = np.int64(_cttz(_below_mask32(p, tok, 33) | _BIT32))
     te = tok + ln
     u0 = x0 - _B30
     k = _digit_run(u0)

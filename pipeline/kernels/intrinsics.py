@@ -61,3 +61,26 @@ def cttz(typingctx, x):
         return builder.cttz(args[0], ir.Constant(ir.IntType(1), 0))
 
     return nbt.uint64(x), codegen
+
+
+@intrinsic
+def below_mask32(typingctx, p, i, c):
+    """Bit k (k < 32) set iff byte p[i + k] < c (unsigned): one 32-byte vector compare (the caller keeps
+    p[i:i+32] in bounds)."""
+    if not (isinstance(p, nbt.CPointer) and p.dtype == nbt.uint8 and isinstance(i, nbt.Integer)
+            and isinstance(c, nbt.Integer)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        k = context.cast(builder, args[1], sig.args[1], nbt.intp)
+        vec = ir.VectorType(ir.IntType(8), 32)
+        ptr = builder.bitcast(builder.gep(args[0], [k]), vec.as_pointer())
+        v = builder.load(ptr, align=1)
+        b = builder.trunc(context.cast(builder, args[2], sig.args[2], nbt.int64), ir.IntType(8))
+        splat = builder.insert_element(ir.Constant(vec, ir.Undefined), b, ir.Constant(ir.IntType(32), 0))
+        splat = builder.shuffle_vector(splat, ir.Constant(vec, ir.Undefined),
+                                       ir.Constant(ir.VectorType(ir.IntType(32), 32), [0] * 32))
+        bits = builder.bitcast(builder.icmp_unsigned("<", v, splat), ir.IntType(32))
+        return builder.zext(bits, ir.IntType(64))
+
+    return nbt.uint64(p, i, c), codegen

@@ -3,7 +3,8 @@
 Layout::
 
     STORE/zarr.json                      root attrs {"sparsepipe": manifest}
-    STORE/blocks/<key>/{indptr,indices,data,labels,stats_idx,stats_nnz,stats_sumsq}
+    STORE/blocks/<key>/{indptr,indices,data,labels,stats_idx,stats_nnz,stats_sumsq}   (holdout blocks of
+                                         plain-text inputs: no stats_*, the statistics cover training blocks)
     STORE/stats/v<manifest_version>/{feature,col_nnz,col_sumsq}   training-split feature statistics (sparse:
                                          the features with a non-zero count, in feature order)
     STORE/skipped/<generation>.jsonl     lines dropped by --on-invalid skip
@@ -20,18 +21,18 @@ import shutil
 
 import numpy as np
 import zarr
-from numcodecs import Blosc
 from zarr.codecs import BloscCodec, BloscShuffle
+
+from pipeline.store import codec
 
 FORMAT = "sparsepipe-store"
 FORMAT_VERSION = 2  # 2: sparse feature statistics (version 1 stores, dense, are still read)
 ATTR = "sparsepipe"
 
-# Block arrays: blosc-lz4 with byte shuffle. One definition for zarr's codec, the numcodecs encoder of the
-# direct writer and its zarr.json entry.
-_CNAME, _CLEVEL = "lz4", 5
+# Block arrays: blosc-lz4 with byte shuffle (pipeline.store.codec). One definition for zarr's codec, the
+# direct writer's encoder and its zarr.json entry.
+_CNAME, _CLEVEL = codec.CNAME, codec.CLEVEL
 _COMPRESSORS = (BloscCodec(cname=_CNAME, clevel=_CLEVEL, shuffle=BloscShuffle.shuffle),)
-_BLOSC = Blosc(cname=_CNAME, clevel=_CLEVEL, shuffle=Blosc.SHUFFLE, blocksize=0)
 
 
 class StoreError(Exception):
@@ -60,8 +61,7 @@ def _worth_compressing(arr: np.ndarray) -> bool:
     k = max(1, _SAMPLE // arr.itemsize)
     mid = arr.shape[0] // 2
     sample = np.ascontiguousarray(arr[mid: mid + k])
-    out = _BLOSC.encode(sample)
-    return sample.nbytes >= MIN_RATIO * len(out)
+    return sample.nbytes >= MIN_RATIO * len(codec.encode(sample))
 
 
 def write_array(group_path: str, name: str, arr: np.ndarray, chunk: int | None = None) -> None:
@@ -98,7 +98,7 @@ def _write_one_chunk(path: str, arr: np.ndarray) -> None:
     if arr.shape[0]:
         data = arr.astype(arr.dtype.newbyteorder("<"), copy=False)
         if compress:
-            data = _BLOSC.encode(data)
+            data = codec.encode(data)
         os.mkdir(os.path.join(path, "c"))
         with open(os.path.join(path, "c", "0"), "wb") as f:
             f.write(data)
@@ -137,7 +137,7 @@ def _read_one_chunk(path: str, out: np.ndarray | None = None) -> np.ndarray | No
     try:
         with open(os.path.join(path, "c", "0"), "rb") as f:
             if names[-1] == "blosc":
-                _BLOSC.decode(f.read(), out=out.view(np.uint8))
+                codec.decode_file(f, out.view(np.uint8))
             elif f.readinto(out.view(np.uint8)) != out.nbytes or f.read(1):
                 raise StoreError(f"{path}: chunk size does not match the metadata shape {shape}")
     except FileNotFoundError:  # never written: all fill value

@@ -1,7 +1,8 @@
 """Per-feature statistics of the training split: non-zero counts and sums of squares (E[x_j²] = sumsq/rows).
 
-Every block carries the statistics of the features it touches (``stats_idx`` ascending, ``stats_nnz``,
-``stats_sumsq``). The commit adds the training blocks' statistics in block order, so the sums do not depend
+A block carries the statistics of the features it touches (``stats_idx`` ascending, ``stats_nnz``,
+``stats_sumsq``), except a holdout block chosen when the ingest was planned (its statistics are never
+summed; :func:`block_stats` computes them from its arrays should they be needed). The commit adds the training blocks' statistics in block order, so the sums do not depend
 on the number of workers (a feature's sum is added in block order): sets that fit in memory together are
 read side by side and summed band by band in the cache (one kernel with the per-block statistics,
 :mod:`pipeline.kernels.colstats`); more go one by one through a float64[W, 2] accumulator (count and sum of
@@ -122,8 +123,9 @@ def sum_stats(loaders: list, sizes: list[int], width: int, reuse: bool = False):
 
 
 def stats_size(group: str) -> int:
-    """Number of features in the statistics of ``group`` (a block's or a store version's), from metadata."""
-    for name in ("stats_idx", "feature", "col_nnz"):
+    """Number of features in the statistics of ``group`` (a block's or a store version's), from metadata; for
+    a block without statistics, its number of entries (a bound)."""
+    for name in ("stats_idx", "feature", "col_nnz", "indices"):
         try:
             with open(os.path.join(group, name, "zarr.json"), encoding="utf-8") as f:
                 return int(json.load(f)["shape"][0])
@@ -151,9 +153,20 @@ def read_stats(group: str, out: tuple | None = None) -> tuple[np.ndarray, np.nda
     for names in (("stats_idx", "stats_nnz", "stats_sumsq"), ("feature", "col_nnz", "col_sumsq")):
         if os.path.exists(os.path.join(group, names[0], "zarr.json")):
             return tuple(fmt.read_array(group, n, o) for n, o in zip(names, out or (None,) * 3))
+    if os.path.exists(os.path.join(group, "indices", "zarr.json")):  # a block written without them
+        return block_stats(group)
     nnz = fmt.read_array(group, "col_nnz")
     f = np.flatnonzero(nnz)
     return f, nnz[f], fmt.read_array(group, "col_sumsq")[f]
+
+
+def block_stats(group: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The statistics of a block's CSR arrays, as the ingest computes them when it parses the block (a
+    holdout block is written without them)."""
+    with open(os.path.join(group, "zarr.json"), encoding="utf-8") as f:
+        width = json.load(f)["attributes"]["shape"][1]
+    arrays = [fmt.read_array(group, n) for n in ("indptr", "indices", "data")]
+    return colstats.column_stats(*arrays, width)
 
 
 def dense_stats(group: str, width: int) -> tuple[np.ndarray, np.ndarray]:
