@@ -90,3 +90,10 @@ def test_codec_writes_numcodecs_frames_into_a_reused_buffer(dtype, monkeypatch):
     monkeypatch.setattr(codec, "REUSE_BYTES", 1000)  # larger frames are not kept by the thread
     big = codec.encode(b)
     assert bytes(big) == ref.encode(b) and not np.shares_memory(np.frombuffer(big, np.uint8), np.frombuffer(eb, np.uint8))
+
+
+def test_codec_encodes_a_strided_view_like_its_copy():
+    from pipeline.store import codec
+
+    a = np.arange(10_000, dtype=np.int64)[::3]
+    assert bytes(codec.encode(a)) == bytes(codec.encode(a.copy()))

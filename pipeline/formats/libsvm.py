@@ -174,7 +174,9 @@ def _fast_pair(p, tok):
     c = p[te]
     if end != te or a + f == 0 or a + f > 18 or not (c == _SP or c == _NL or c == _TAB or c == _CR):
         return 0, 0.0, te, False
-    val = math.copysign(float(mant) / _POW10[f], -1.0 if neg else 1.0)
+    val = float(mant) / _POW10[f]
+    if neg:
+        val = -val
     return _digits_value(u0, k), val, te, True
 
 

@@ -45,6 +45,7 @@ def encode(arr: np.ndarray, reuse: bool = True):
     fn = _compress_ctx()
     if fn is None:
         return _BLOSC.encode(arr)
+    arr = np.ascontiguousarray(arr)
     cap = arr.nbytes + MAX_OVERHEAD
     out = arena.empty("codec.encode", cap, np.uint8, reuse and cap <= REUSE_BYTES)
     n = fn(CLEVEL, 1, arr.dtype.itemsize, arr.nbytes, arr.ctypes.data, out.ctypes.data, cap, CNAME.encode(),
