@@ -286,13 +286,17 @@ def _block_result(key: str, parsed: libsvm.Parsed, nbytes: int) -> dict:
     return res
 
 
+BLOCK_ARRAYS = ("indptr", "indices", "data", "labels")  # what a committed block keeps
+BLOCK_STATS = ("stats_idx", "stats_nnz", "stats_sumsq")  # per-block statistics, removed by the commit
+
+
 def _write_block(root: str, res: dict) -> dict:
     arrays = res.pop("_arrays")
     g = f"{root}/blocks/{res['key']}"
     fmt.make_group(g, {"encoding-type": "csr_matrix", "encoding-version": "0.1.0",
                        "shape": [int(arrays["labels"].shape[0]), int(res["max_index"])]})
-    for name, arr in arrays.items():
-        fmt.write_array(g, name, arr)
+    for name, arr in arrays.items():  # the statistics live until the commit has summed them: raw
+        fmt.write_array(g, name, arr, compress=None if name in BLOCK_ARRAYS else False)
     return res
 
 
@@ -579,6 +583,9 @@ def _commit(c, root, out, old, sources, tasks, results, o, generation, t0):
     new_train = [e["key"] for e in entries if e.get("generation") == generation and e["split"] == "train"]
     c.submit(source_stats_task, root, new_train, width, old.get("stats") if old else None, stats_path,
              pure=False).result()
+    for b in blocks:  # summed: the blocks' own statistics go before the manifest lists the blocks
+        for name in BLOCK_STATS:
+            shutil.rmtree(f"{root}/blocks/{b['key']}/{name}", ignore_errors=True)
     # skipped lines, beside the blocks
     skipped_file = None
     if skipped:

@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -17,7 +18,7 @@ import pytest
 import scipy.sparse as sp
 from sklearn.datasets import load_svmlight_file
 
-from pipeline.ingest import _TAIL, IngestError, IngestOptions, ingest, read_owned_lines
+from pipeline.ingest import _TAIL, IngestError, IngestOptions, _choose_holdout, ingest, plan, read_owned_lines
 from pipeline.store import format as fmt
 from pipeline.store.reader import open_store
 from tests.conftest import DATA, data_file
@@ -99,23 +100,27 @@ def test_holdout_is_chosen_by_seed(tmp, client):
     assert keys[0] == keys[1] != keys[2] and len(keys[0]) == round(0.3 * len(open_store(tmp / "a").manifest["blocks"]))
 
 
-def test_holdout_blocks_skip_statistics_and_empty_ranges_keep_them_exact(tmp, client):
-    """Holdout blocks of plain text are planned ahead and written without statistics. Ranges inside a long
-    line hold no rows, so the commit's holdout (among blocks with rows) can differ from the plan: training
-    blocks written without statistics then have them computed at the commit, and the store's equal its
-    training rows' exactly."""
+def test_statistics_exact_when_empty_ranges_move_the_planned_holdout(tmp, client):
+    """Holdout blocks of plain text are planned ahead and parsed without statistics. Ranges inside a long
+    line hold no rows, so the commit's holdout (among blocks with rows) can differ from the plan: the
+    commit then computes the statistics of training blocks parsed without them, and the store's equal its
+    training rows' exactly. The committed blocks keep no statistics of their own."""
     text = lines(60, seed=3)
     text[20] = "+1 " + " ".join(f"{i}:0.{i:04d}" for i in range(1, 400))  # ~4 kB: several empty ranges
     f = write(tmp / "long.svm", "\n".join(text) + "\n")
-    without = {"holdout": 0, "train": 0}  # blocks written without statistics, by split
+    o = IngestOptions(block_mb=0.0005, holdout=0.3)
+    planned = [t.keys[0] for t in plan([{"path": f, "size": os.path.getsize(f), "compression": None}],
+                                       int(o.block_mb * (1 << 20)), 1)]
+    moved = 0
     for seed in range(6):
         out = tmp / f"s{seed}"
-        ingest([f], str(out), IngestOptions(block_mb=0.0005, holdout=0.3, seed=seed), client=client)
+        ingest([f], str(out), replace(o, seed=seed), client=client)
         st = open_store(out)
         assert_stats_of_training_rows(st)
-        for b in st.manifest["blocks"]:
-            without[b["split"]] += not (out / "blocks" / b["key"] / "stats_idx").is_dir()
-    assert without["holdout"] > 0 and without["train"] > 0
+        hold = st.manifest["holdout"]["blocks"]
+        moved += hold != _choose_holdout(planned, o.holdout, seed, 1)
+        assert not list(out.glob("blocks/*/stats_*"))
+    assert moved > 0
 
 
 BAD = [("1 1:1 3:2 2:1", "not increasing"), ("1 0:1", "index 0"), ("1 1:1 1:2", "duplicate"),

@@ -3,8 +3,8 @@
 Layout::
 
     STORE/zarr.json                      root attrs {"sparsepipe": manifest}
-    STORE/blocks/<key>/{indptr,indices,data,labels,stats_idx,stats_nnz,stats_sumsq}   (holdout blocks of
-                                         plain-text inputs: no stats_*, the statistics cover training blocks)
+    STORE/blocks/<key>/{indptr,indices,data,labels}   (while an ingest runs, also its statistics
+                                         stats_idx/stats_nnz/stats_sumsq, raw; the commit sums and removes them)
     STORE/stats/v<manifest_version>/{feature,col_nnz,col_sumsq}   training-split feature statistics (sparse:
                                          the features with a non-zero count, in feature order)
     STORE/skipped/<generation>.jsonl     lines dropped by --on-invalid skip
@@ -64,24 +64,27 @@ def _worth_compressing(arr: np.ndarray) -> bool:
     return sample.nbytes >= MIN_RATIO * len(codec.encode(sample))
 
 
-def write_array(group_path: str, name: str, arr: np.ndarray, chunk: int | None = None) -> None:
+def write_array(group_path: str, name: str, arr: np.ndarray, chunk: int | None = None,
+                compress: bool | None = None) -> None:
     """Write ``arr`` as zarr v3 array ``group_path/name``, one chunk (up to 1 GiB) unless ``chunk``: blosc-lz4
-    with byte shuffle, or raw when a sample shows compression would not pay (:data:`MIN_RATIO`)."""
+    with byte shuffle, or raw when a sample shows compression would not pay (:data:`MIN_RATIO`) or when
+    ``compress`` is False (short-lived arrays)."""
+    if compress is None:
+        compress = _worth_compressing(arr)
     if chunk is None and arr.nbytes > MAX_CHUNK_BYTES:
         chunk = MAX_CHUNK_BYTES // arr.itemsize
     if chunk is None or chunk >= arr.shape[0]:
-        _write_one_chunk(os.path.join(group_path, name), np.ascontiguousarray(arr))
+        _write_one_chunk(os.path.join(group_path, name), np.ascontiguousarray(arr), compress)
         return
     z = zarr.create_array(store=group_path, name=name, shape=arr.shape, dtype=arr.dtype, chunks=(chunk,),
-                          compressors=_COMPRESSORS if _worth_compressing(arr) else None, overwrite=True)
+                          compressors=_COMPRESSORS if compress else None, overwrite=True)
     z[:] = arr
 
 
-def _write_one_chunk(path: str, arr: np.ndarray) -> None:
+def _write_one_chunk(path: str, arr: np.ndarray, compress: bool) -> None:
     """A one-chunk 1-D zarr v3 array written directly: the same zarr.json and chunk ``c/0`` (bytes codec,
     little endian, then blosc) that zarr writes, without its per-array overhead (~4 ms, a sixth of a
     64 MB block's write). Tested against zarr's own output."""
-    compress = _worth_compressing(arr)
     codecs = [{"name": "bytes", "configuration": {"endian": "little"}} if arr.dtype.itemsize > 1 else {"name": "bytes"}]
     if compress:
         codecs.append({"name": "blosc", "configuration": {"typesize": arr.dtype.itemsize, "cname": _CNAME,

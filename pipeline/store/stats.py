@@ -1,12 +1,14 @@
 """Per-feature statistics of the training split: non-zero counts and sums of squares (E[x_j²] = sumsq/rows).
 
-A block carries the statistics of the features it touches (``stats_idx`` ascending, ``stats_nnz``,
-``stats_sumsq``), except a holdout block chosen when the ingest was planned (its statistics are never
-summed; :func:`block_stats` computes them from its arrays should they be needed). The commit adds the training blocks' statistics in block order, so the sums do not depend
+An ingest writes each block's statistics of the features it touches beside it (``stats_idx`` ascending,
+``stats_nnz``, ``stats_sumsq``; raw, short-lived), except for holdout blocks chosen when the ingest was
+planned (never summed; :func:`block_stats` computes a block's statistics from its arrays should they be
+needed). The commit adds the training blocks' statistics in block order, so the sums do not depend
 on the number of workers (a feature's sum is added in block order): sets that fit in memory together are
 read side by side and summed band by band in the cache (one kernel with the per-block statistics,
 :mod:`pipeline.kernels.colstats`); more go one by one through a float64[W, 2] accumulator (count and sum of
-squares side by side: one cache line per feature) with a bitmap of the touched features. The store's
+squares side by side: one cache line per feature) with a bitmap of the touched features; the commit then
+removes the blocks' statistics (a third of a block's bytes on disk). The store's
 statistics are written sparsely: the features that occur, in feature order, so reading and writing them
 costs what the distinct features cost, not the declared width.
 """
