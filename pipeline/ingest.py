@@ -281,13 +281,8 @@ def _block_result(key: str, parsed: libsvm.Parsed, nbytes: int) -> dict:
     res["_arrays"] = {"indptr": parsed.indptr, "indices": parsed.indices, "data": parsed.data,
                       "labels": labels32}
     if parsed.stats_idx is not None:
-        res["_arrays"].update(stats_idx=parsed.stats_idx, stats_nnz=parsed.stats_nnz,
-                              stats_sumsq=parsed.stats_sumsq)
+        res["_arrays"].update(zip(stats.BLOCK_STATS, (parsed.stats_idx, parsed.stats_nnz, parsed.stats_sumsq)))
     return res
-
-
-BLOCK_ARRAYS = ("indptr", "indices", "data", "labels")  # what a committed block keeps
-BLOCK_STATS = ("stats_idx", "stats_nnz", "stats_sumsq")  # per-block statistics, removed by the commit
 
 
 def _write_block(root: str, res: dict) -> dict:
@@ -296,7 +291,7 @@ def _write_block(root: str, res: dict) -> dict:
     fmt.make_group(g, {"encoding-type": "csr_matrix", "encoding-version": "0.1.0",
                        "shape": [int(arrays["labels"].shape[0]), int(res["max_index"])]})
     for name, arr in arrays.items():  # the statistics live until the commit has summed them: raw
-        fmt.write_array(g, name, arr, compress=None if name in BLOCK_ARRAYS else False)
+        fmt.write_array(g, name, arr, compress=False if name in stats.BLOCK_STATS else None)
     return res
 
 
@@ -584,7 +579,7 @@ def _commit(c, root, out, old, sources, tasks, results, o, generation, t0):
     c.submit(source_stats_task, root, new_train, width, old.get("stats") if old else None, stats_path,
              pure=False).result()
     for b in blocks:  # summed: the blocks' own statistics go before the manifest lists the blocks
-        for name in BLOCK_STATS:
+        for name in stats.BLOCK_STATS:
             shutil.rmtree(f"{root}/blocks/{b['key']}/{name}", ignore_errors=True)
     # skipped lines, beside the blocks
     skipped_file = None

@@ -1,4 +1,5 @@
-"""LLVM intrinsics for numba kernels: raw data pointers, prefetch, unaligned 8-byte loads, trailing zeros."""
+"""LLVM intrinsics for numba kernels: raw data pointers, prefetch, unaligned 8-byte loads, trailing zeros, a
+32-byte vector compare."""
 from __future__ import annotations
 
 from llvmlite import ir

@@ -12,13 +12,13 @@ import ctypes
 import functools
 import os
 
+import numcodecs.blosc
 import numpy as np
 from numcodecs import Blosc
 
 from pipeline import arena
 
 CNAME, CLEVEL = "lz4", 5
-MAX_OVERHEAD = 16  # blosc frame header
 # Buffers up to this size stay with the thread between calls; larger ones are freed after the call.
 REUSE_BYTES = 64 << 20
 _BLOSC = Blosc(cname=CNAME, clevel=CLEVEL, shuffle=Blosc.SHUFFLE, blocksize=0)
@@ -28,8 +28,6 @@ _BLOSC = Blosc(cname=CNAME, clevel=CLEVEL, shuffle=Blosc.SHUFFLE, blocksize=0)
 def _compress_ctx():
     """ctypes binding of c-blosc's ``blosc_compress_ctx`` in numcodecs' extension, or None."""
     try:
-        import numcodecs.blosc
-
         fn = ctypes.CDLL(numcodecs.blosc.__file__).blosc_compress_ctx
     except (OSError, AttributeError):
         return None
@@ -46,7 +44,7 @@ def encode(arr: np.ndarray, reuse: bool = True):
     if fn is None:
         return _BLOSC.encode(arr)
     arr = np.ascontiguousarray(arr)
-    cap = arr.nbytes + MAX_OVERHEAD
+    cap = arr.nbytes + numcodecs.blosc.MAX_OVERHEAD  # the frame header
     out = arena.empty("codec.encode", cap, np.uint8, reuse and cap <= REUSE_BYTES)
     n = fn(CLEVEL, 1, arr.dtype.itemsize, arr.nbytes, arr.ctypes.data, out.ctypes.data, cap, CNAME.encode(),
            0, 1)

@@ -29,10 +29,9 @@ FORMAT = "sparsepipe-store"
 FORMAT_VERSION = 2  # 2: sparse feature statistics (version 1 stores, dense, are still read)
 ATTR = "sparsepipe"
 
-# Block arrays: blosc-lz4 with byte shuffle (pipeline.store.codec). One definition for zarr's codec, the
-# direct writer's encoder and its zarr.json entry.
-_CNAME, _CLEVEL = codec.CNAME, codec.CLEVEL
-_COMPRESSORS = (BloscCodec(cname=_CNAME, clevel=_CLEVEL, shuffle=BloscShuffle.shuffle),)
+# Block arrays: blosc-lz4 with byte shuffle. pipeline.store.codec's settings serve zarr's codec, the direct
+# writer's encoder and its zarr.json entry.
+_COMPRESSORS = (BloscCodec(cname=codec.CNAME, clevel=codec.CLEVEL, shuffle=BloscShuffle.shuffle),)
 
 
 class StoreError(Exception):
@@ -87,8 +86,8 @@ def _write_one_chunk(path: str, arr: np.ndarray, compress: bool) -> None:
     64 MB block's write). Tested against zarr's own output."""
     codecs = [{"name": "bytes", "configuration": {"endian": "little"}} if arr.dtype.itemsize > 1 else {"name": "bytes"}]
     if compress:
-        codecs.append({"name": "blosc", "configuration": {"typesize": arr.dtype.itemsize, "cname": _CNAME,
-                                                           "clevel": _CLEVEL, "shuffle": "shuffle", "blocksize": 0}})
+        codecs.append({"name": "blosc", "configuration": {"typesize": arr.dtype.itemsize, "cname": codec.CNAME,
+                                                           "clevel": codec.CLEVEL, "shuffle": "shuffle", "blocksize": 0}})
     meta = {"shape": [int(arr.shape[0])], "data_type": arr.dtype.name,
             "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": [max(1, int(arr.shape[0]))]}},
             "chunk_key_encoding": {"name": "default", "configuration": {"separator": "/"}},

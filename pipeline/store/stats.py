@@ -25,6 +25,7 @@ from pipeline.kernels import colstats
 from pipeline.kernels.intrinsics import base
 from pipeline.store import format as fmt
 
+BLOCK_STATS = ("stats_idx", "stats_nnz", "stats_sumsq")  # a block's statistics while an ingest runs
 _SCRATCH: dict = {}
 
 
@@ -127,7 +128,7 @@ def sum_stats(loaders: list, sizes: list[int], width: int, reuse: bool = False):
 def stats_size(group: str) -> int:
     """Number of features in the statistics of ``group`` (a block's or a store version's), from metadata; for
     a block without statistics, its number of entries (a bound)."""
-    for name in ("stats_idx", "feature", "col_nnz", "indices"):
+    for name in (BLOCK_STATS[0], "feature", "col_nnz", "indices"):
         try:
             with open(os.path.join(group, name, "zarr.json"), encoding="utf-8") as f:
                 return int(json.load(f)["shape"][0])
@@ -152,7 +153,7 @@ def read_stats(group: str, out: tuple | None = None) -> tuple[np.ndarray, np.nda
     (``stats_idx/stats_nnz/stats_sumsq``), a store version's (``feature/col_nnz/col_sumsq``), or the dense
     ``col_nnz/col_sumsq`` of format 1. ``out``: three arrays to read the sparse layouts into where the
     dtypes match (see :func:`pipeline.store.format.read_array`)."""
-    for names in (("stats_idx", "stats_nnz", "stats_sumsq"), ("feature", "col_nnz", "col_sumsq")):
+    for names in (BLOCK_STATS, ("feature", "col_nnz", "col_sumsq")):
         if os.path.exists(os.path.join(group, names[0], "zarr.json")):
             return tuple(fmt.read_array(group, n, o) for n, o in zip(names, out or (None,) * 3))
     if os.path.exists(os.path.join(group, "indices", "zarr.json")):  # a block written without them
