@@ -18,6 +18,7 @@ ALGORITHMS = {
     "rda": ("pipeline.algorithms.rda", "RDA", "RDAParams"),
     "fobos": ("pipeline.algorithms.fobos", "FOBOS", "FOBOSParams"),
     "stsgd": ("pipeline.algorithms.stsgd", "STSGD", "STSGDParams"),
+    "ftrl": ("pipeline.algorithms.ftrl", "FTRL", "FTRLParams"),
 }
 
 
