@@ -97,6 +97,9 @@ def synth(
     features: int = typer.Option(16_609_143, min=1, help="Number of features (webspam trigrams: 16,609,143)."),
     nnz_per_row: int = typer.Option(3700, min=1, help="Mean non-zeros per row (long-tailed spread)."),
     seed: int = typer.Option(0, help="Seed."),
+    model_seed: Optional[int] = typer.Option(None, min=0, help="Seed of the concept (w*, bias, feature map; "
+                                                               "default: --seed): one model seed with different "
+                                                               "seeds gives daily samples of one problem."),
     workers: int = typer.Option(1, min=1, help="Threads generating in parallel (output is identical)."),
     as_json: bool = typer.Option(False, "--json", help="Print a JSON summary."),
 ):
@@ -106,7 +109,7 @@ def synth(
     bar = Progress("synth", rows, "rows")
     s = run_reporting(bar, lambda: run_synth(str(out), rows=rows, features=features, nnz_per_row=nnz_per_row,
                                              seed=seed, progress=lambda b, r: bar.update(r, f"{b / 1e6:,.0f} MB"),
-                                             workers=workers))
+                                             workers=workers, model_seed=model_seed))
     if as_json:
         emit_json(s)
     else:

@@ -345,17 +345,20 @@ def train(store_path: str, algo: Algorithm, *, passes: int, paths: int, seed: in
           init_states: list | None = None, init_gstate: dict | None = None, warm: tuple | None = None,
           placement: str = "paths", stage_blocks: int = 0, evaluate: bool = True, evaluate_every: int = 1,
           max_density: float | None = None, cache_bytes: int = DEFAULT_CACHE_BYTES, shuffle_window: int = 4,
-          progress=None) -> TrainResult:
+          progress=None, blocks=None) -> TrainResult:
     """Train ``algo`` on the training blocks of the store for ``passes`` more passes over ``paths`` paths.
 
     ``init_states``/``init_gstate`` resume exactly (same paths); ``warm = (w, bias)`` warm-starts every path
     from an aggregated model. ``client`` is a distributed.Client; with None the loop runs in this process.
+    ``blocks`` (block keys) restricts training and the per-stage holdout metrics to those blocks (a window
+    of generations); None: every block of the store.
     """
     from pipeline.store.reader import open_store
 
     st = open_store(store_path)
     p = st.n_features
-    train_entries = st.entries("train")
+    keep = None if blocks is None else set(blocks)
+    train_entries = [e for e in st.entries("train") if keep is None or e["key"] in keep]
     if not train_entries:
         raise ValueError(f"{store_path}: no training blocks")
     if paths < 1:
@@ -367,7 +370,8 @@ def train(store_path: str, algo: Algorithm, *, passes: int, paths: int, seed: in
     version = st.manifest["manifest_version"]
     data = DataRef(st.path, version, tuple(e["key"] for e in train_entries),
                    tuple(e["rows"] for e in train_entries), p, int(cache_bytes))
-    holdout = (st.path, version, tuple(e["key"] for e in st.entries("holdout")), st.label_kind) if evaluate else None
+    holdout = (st.path, version, tuple(e["key"] for e in st.entries("holdout") if keep is None or e["key"] in keep),
+               st.label_kind) if evaluate else None
     if init_states is not None:
         if len(init_states) != paths:
             raise ValueError(f"resume needs the same number of paths as the saved model ({len(init_states)})")

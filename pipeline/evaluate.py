@@ -52,20 +52,24 @@ def metrics_from_partial(part: dict, kind: str = "binary") -> dict:
             "positive_fraction": float(np.mean(y > 0))}
 
 
-def evaluate_store(model, store_path: str, split: str = "holdout", client=None) -> dict:
-    """Metrics of ``model`` on a split of a store (map over blocks, tree-merge the partials)."""
+def evaluate_store(model, store_path: str, split: str = "holdout", client=None, blocks=None) -> dict:
+    """Metrics of ``model`` on a split of a store (map over blocks, tree-merge the partials); ``blocks`` (keys)
+    restricts the split to those blocks (e.g. the newest generation's holdout)."""
     from pipeline.engine import DaskExec, LocalExec, eval_task, tree
     from pipeline.store.reader import open_store
 
     st = open_store(store_path)
     entries = st.entries(split)
+    if blocks is not None:
+        keep = set(blocks)
+        entries = [e for e in entries if e["key"] in keep]
     if not entries:
-        raise ValueError(f"{store_path}: no blocks in split {split!r}")
+        raise ValueError(f"{store_path}: no blocks in split {split!r}" + (" among the given ones" if blocks else ""))
     ex = DaskExec(client) if client is not None else LocalExec()
     w = client.scatter(model.dense_weights(), broadcast=True) if client is not None else model.dense_weights()
     version = st.manifest["manifest_version"]
     parts = [ex.submit(eval_task, st.path, version, e["key"], w, model.bias) for e in entries]
     res = metrics_from_partial(ex.result(tree(ex, parts, merge_partials)), st.label_kind)
-    res.update({"split": split, "store": st.path, "nnz": model.nnz, "density": model.density,
+    res.update({"split": split, "store": st.path, "blocks": len(entries), "nnz": model.nnz, "density": model.density,
                 "n_features": model.n_features})
     return res

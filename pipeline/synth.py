@@ -562,10 +562,12 @@ def _atomic_write(path: Path, write):
 
 
 def synth(out_path, rows, features=WEBSPAM_FEATURES, nnz_per_row=3700, seed=0, progress=None,
-          workers=1) -> dict:
+          workers=1, model_seed: int | None = None) -> dict:
     """Write ``rows`` webspam-like LIBSVM rows to ``out_path`` plus ``OUT.truth.npz``/``.json``.
 
-    Deterministic in (rows, features, nnz_per_row, seed); ``workers`` threads only change speed.
+    Deterministic in (rows, features, nnz_per_row, seed, model_seed); ``workers`` threads only change speed.
+    ``model_seed`` (default: ``seed``) fixes the concept (w*, bias, rank -> feature map) and ``seed`` the rows,
+    so files with one model seed and different seeds are daily samples of the same problem.
     ``progress(bytes_written, rows_written)`` is called after every chunk. The file appears only
     when complete. Returns {path, rows, features, nnz, bytes, seconds, mb_per_s (1 MB = 1e6 bytes),
     positive_fraction, setup_seconds (pilot sample and model, included in seconds)}.
@@ -579,7 +581,8 @@ def synth(out_path, rows, features=WEBSPAM_FEATURES, nnz_per_row=3700, seed=0, p
     if progress is not None and not callable(progress):
         raise TypeError("progress must be callable or None")
     out = Path(out_path)
-    model = _Model(seed, features, nnz_per_row)
+    model_seed = seed if model_seed is None else _check_int("model_seed", model_seed, 0, 2**63 - 1)
+    model = _Model(model_seed, features, nnz_per_row)
     setup = time.perf_counter() - t0
     chunk = _chunk_rows(features, nnz_per_row)
     sizes = [min(chunk, rows - s) for s in range(0, rows, chunk)]
@@ -615,7 +618,7 @@ def synth(out_path, rows, features=WEBSPAM_FEATURES, nnz_per_row=3700, seed=0, p
             write_data(f)
         pos_frac = stats["pos"] / rows if rows else 0.0
         params = {
-            "generator": "sparsepipe.synth", "version": _GEN_VERSION, "seed": seed, "rows": rows,
+            "generator": "sparsepipe.synth", "version": _GEN_VERSION, "seed": seed, "model_seed": model_seed, "rows": rows,
             "features": features, "nnz_per_row": nnz_per_row, "file_index_base": 1,
             "truth_index_base": 0, "zipf_exponent": ZIPF_EXPONENT, "row_length": "lognormal",
             "row_sigma": ROW_SIGMA, "value_floor": VALUE_FLOOR, "support": model.support,

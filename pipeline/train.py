@@ -10,12 +10,13 @@ from pipeline.model import Model
 def fit(store_path: str, algo: str = "tg", options: dict | None = None, *, passes: int = 5, paths: int = 1,
         seed: int = 0, client=None, init_model: Model | None = None, placement: str = "paths",
         stage_blocks: int = 0, evaluate: bool = True, max_density: float | None = None,
-        evaluate_every: int = 1, shuffle_window: int = 4, progress=None) -> Model:
+        evaluate_every: int = 1, shuffle_window: int = 4, progress=None, blocks=None) -> Model:
     """Train and return the aggregated sparse model (optimiser state included for warm start/resume).
 
     With ``init_model`` of the same algorithm, hyper-parameters and number of paths, training resumes
     exactly where it stopped ("2 passes + 3 passes" equals "5 passes"); otherwise its weights warm-start
-    every path.
+    every path. ``blocks`` (block keys, e.g. :func:`pipeline.store.reader.Store.window`) restricts training
+    to those blocks; None: all training blocks.
     """
     from pipeline.engine import train
     from pipeline.store.reader import open_store
@@ -37,7 +38,7 @@ def fit(store_path: str, algo: str = "tg", options: dict | None = None, *, passe
     res = train(st.path, algorithm, passes=passes, paths=paths, seed=seed, client=client,
                 init_states=init_states, init_gstate=init_gstate, warm=warm, placement=placement,
                 stage_blocks=stage_blocks, evaluate=evaluate, evaluate_every=evaluate_every,
-                max_density=max_density, shuffle_window=shuffle_window, progress=progress)
+                max_density=max_density, shuffle_window=shuffle_window, progress=progress, blocks=blocks)
     total_passes = int(min(s["cursor"][0] for s in res.states))
     last = next((h for h in reversed(res.history) if h.get("holdout")), {})
     meta = {
@@ -47,6 +48,7 @@ def fit(store_path: str, algo: str = "tg", options: dict | None = None, *, passe
         "stopped": next((h["stopped"] for h in res.history if "stopped" in h), None),
         "provenance": {"store": st.path, "store_id": st.manifest["store_id"],
                        "manifest_version": st.manifest["manifest_version"], "n_rows": st.n_rows,
+                       "blocks": sorted(blocks) if blocks is not None else None,
                        "init_model": init_model.meta.get("path") if init_model is not None else None,
                        "resumed": resumed, "seconds": round(time.time() - t0, 3), "timing": res.timing,
                        "trained_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")},

@@ -90,6 +90,20 @@ class Store:
             raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
         return [e for e in self.manifest["blocks"] if split == "all" or e["split"] == split]
 
+    def generations(self) -> list[int]:
+        """Generation numbers (one per ingest or append), oldest first."""
+        return sorted({int(e.get("generation", 1)) for e in self.manifest["blocks"]})
+
+    def window(self, last: int = 0, exclude=()) -> list[int]:
+        """The newest ``last`` generations (0: all), leaving out those in ``exclude``, oldest first."""
+        gens = [g for g in self.generations() if g not in set(exclude)]
+        return gens[-last:] if last else gens
+
+    def keys(self, split: str = "train", generations=None) -> list[str]:
+        """Block keys of ``split`` in row order, restricted to ``generations`` when given."""
+        gens = None if generations is None else set(generations)
+        return [e["key"] for e in self.entries(split) if gens is None or int(e.get("generation", 1)) in gens]
+
     def block(self, entry_or_key) -> Block:
         e = entry_or_key
         if isinstance(e, str):
