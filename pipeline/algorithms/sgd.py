@@ -3,6 +3,14 @@
 Paths split the training blocks of each pass and are averaged at the pass end (McDonald et al.'s
 iterative parameter mixing, the way VW's cluster mode averages once per pass); each path keeps its own
 step counter t for the learning-rate schedule. The lazy truncation state is flushed before averaging.
+
+``adagrad=true`` (ALGORITHMS.md §8) uses per-coordinate steps η_t / (δ + √n_j), n_j = Σ (ℓ'·x_j)² (the loss
+gradient only; L2 keeps the global rate), with the lazy truncation kept exact (pipeline.kernels.sgd).
+At a pass end the paths' accumulators are mixed by ``adagrad_mix``: ``sum`` (default) gives
+n ← n_base + Σ_m (n_m − n_base), the accumulator of one learner that saw every row of the pass (the
+base is the previous mix, kept in the global state); ``mean`` averages n like the weights, which grows n by
+only 1/M of the pass's gradients with M paths. Measured in docs/results.md ("AdaGrad"): ``sum`` learns
+better with 2 paths.
 """
 from __future__ import annotations
 
@@ -16,6 +24,8 @@ from pipeline.kernels import sgd as K
 from pipeline.kernels.losses import LOSS_CODES
 
 SCHEDULES = {"constant": K.SCHEDULE_CONSTANT, "invscaling": K.SCHEDULE_INVSCALING, "sqrt": K.SCHEDULE_INVSCALING}
+ADAGRAD_MIX = ("sum", "mean")
+ADAGRAD_KEYS = ("adagrad", "adagrad_delta", "adagrad_mix")
 
 
 @dataclass(frozen=True)
@@ -33,10 +43,20 @@ class TGParams:
     theta: float = math.inf
     fit_bias: bool = True
     hinge_at_one: bool = False
+    adagrad: bool = False           # per-coordinate steps eta_t / (adagrad_delta + sqrt(sum of g_j^2))
+    # δ: ~ one gradient of a typical entry (|x| ~ 1/60 on L2-normalised rows): FTRL's β = 1 rescaled to such
+    # features; steps of coordinates with Σg² << δ² stay ≈ eta/δ
+    adagrad_delta: float = 0.01
+    adagrad_mix: str = "sum"        # pass-end mixing of the accumulators across paths: sum (of increments) | mean
 
     def __post_init__(self):
         check_choice("loss", self.loss, LOSS_CODES)
         check_choice("schedule", self.schedule, SCHEDULES)
+        check_choice("adagrad_mix", self.adagrad_mix, ADAGRAD_MIX)
+        if not isinstance(self.adagrad, bool):
+            raise ValueError(f"adagrad must be true or false, got {self.adagrad!r}")
+        if not (math.isfinite(self.adagrad_delta) and self.adagrad_delta > 0):
+            raise ValueError(f"adagrad_delta must be finite and > 0, got {self.adagrad_delta!r}")
         if not (0 < self.decay <= 1):
             raise ValueError(f"decay must be in (0, 1], got {self.decay}")
         power_t = 0.5 if self.schedule == "sqrt" else self.power_t
@@ -48,12 +68,27 @@ class TruncatedGradient(Algorithm):
     name = "tg"
     path_mode = "split"
     Params = TGParams
-    shared_keys = ("w", "Gl", "fstate")
-    feature_keys = ("w", "Gl")
+    shared_keys = ("w", "Gl", "fstate", "n")
+    feature_keys = ("w", "Gl", "n")
 
     def init_path(self, n_features, path):
+        if self.params.adagrad:
+            w, Gl, n, istate, fstate = K.new_tg_state(n_features, adagrad=True)
+            return {"w": w, "Gl": Gl, "n": n, "istate": istate, "fstate": fstate}
         w, Gl, istate, fstate = K.new_tg_state(n_features)
         return {"w": w, "Gl": Gl, "istate": istate, "fstate": fstate}
+
+    def init_global(self, n_features):
+        if self.params.adagrad and self.params.adagrad_mix == "sum":
+            return {"n": np.zeros(n_features), "nb": np.zeros(1)}
+        return {}
+
+    def hyper(self):
+        h = super().hyper()
+        if not self.params.adagrad:  # models saved before the option existed still resume exactly
+            for k in ADAGRAD_KEYS:
+                h.pop(k)
+        return h
 
     def warm_start(self, state, w, bias):
         n = min(len(w), state["w"].shape[0])
@@ -64,25 +99,55 @@ class TruncatedGradient(Algorithm):
     def advance(self, state, indptr, indices, data, y, rows, start, pass_index):
         p = self.params
         power_t = 0.5 if p.schedule == "sqrt" else p.power_t
+        if p.adagrad:
+            K.sgd_tg_ada_block(indptr, indices, data, y, rows[start:], state["w"], state["Gl"], state["n"],
+                               state["istate"], state["fstate"], p.eta * p.decay ** pass_index,
+                               SCHEDULES[p.schedule], power_t, p.l2, p.gravity, int(p.K), p.theta, p.adagrad_delta,
+                               LOSS_CODES[p.loss], p.hinge_at_one, p.fit_bias)
+            return rows.shape[0] - start, False
         K.sgd_tg_block(indptr, indices, data, y, rows[start:], state["w"], state["Gl"], state["istate"],
                        state["fstate"], p.eta * p.decay ** pass_index, SCHEDULES[p.schedule], power_t, p.l2,
                        p.gravity, int(p.K), p.theta, LOSS_CODES[p.loss], p.hinge_at_one, p.fit_bias)
         return rows.shape[0] - start, False
 
     def end_stage(self, state):
-        K.tg_flush(state["w"], state["Gl"], state["fstate"], self.params.theta)
+        if self.params.adagrad:
+            K.tg_ada_flush(state["w"], state["Gl"], state["n"], state["fstate"], self.params.theta,
+                           self.params.adagrad_delta)
+        else:
+            K.tg_flush(state["w"], state["Gl"], state["fstate"], self.params.theta)
 
     def summarize(self, state):
-        return {"w": state["w"], "bias": state["fstate"][2:3]}
+        out = {"w": state["w"], "bias": state["fstate"][2:3]}
+        if self.params.adagrad:
+            out.update(n=state["n"], nb=state["fstate"][3:4])
+        return out
 
     def decide(self, total, gstate, n_paths):
         w = total["w"] / n_paths if n_paths > 1 else total["w"]
         bias = total["bias"] / n_paths if n_paths > 1 else total["bias"]
         nnz = int(np.count_nonzero(w))
-        return {"w": w, "bias": bias}, gstate, {"nnz": nnz, "density": nnz / max(1, w.shape[0])}
+        decision = {"w": w, "bias": bias}
+        if self.params.adagrad:
+            n, nb = total["n"], total["nb"]
+            if n_paths > 1 and self.params.adagrad_mix == "mean":
+                n, nb = n / n_paths, nb / n_paths
+            elif n_paths > 1:  # sum of the paths' increments over the previous mix (the base)
+                base = gstate["n"]
+                if base.shape[0] < n.shape[0]:  # resumed on a wider store
+                    base = np.pad(base, (0, n.shape[0] - base.shape[0]))
+                n = np.maximum(n - (n_paths - 1) * base, base)   # never below the base (rounding)
+                nb = np.maximum(nb - (n_paths - 1) * gstate["nb"], gstate["nb"])
+            if self.params.adagrad_mix == "sum":
+                gstate = {**gstate, "n": n, "nb": nb}
+            decision.update(n=n, nb=nb)
+        return decision, gstate, {"nnz": nnz, "density": nnz / max(1, w.shape[0])}
 
     def apply(self, state, decision):
         # after the flush Gl == 0 and G == 0 on every path; w is shared (advance copies before mutating)
+        if self.params.adagrad:
+            return {**state, "w": decision["w"], "n": decision["n"],
+                    "fstate": np.array([0.0, 1.0, float(decision["bias"][0]), float(decision["nb"][0])])}
         return {**state, "w": decision["w"], "fstate": np.array([0.0, 1.0, float(decision["bias"][0])])}
 
 

@@ -29,7 +29,26 @@ State layout (all mutated in place, nothing survives in locals between calls):
     w      float64[p]   scaled weights (true weights = wscale·w after catch-up)
     Gl     float64[p]   gravity already applied to each coordinate (storage units)
     istate int64[1]     [t]  number of updates done so far (t counts from 1 at the first update)
-    fstate float64[3]   [G, wscale, bias]
+    fstate float64[3]   [G, wscale, bias]            (float64[4] [G, wscale, bias, n_bias] with AdaGrad)
+    n      float64[p]   AdaGrad only: Σ_s g_{s,j}² per coordinate (``sgd_tg_ada_block``)
+
+AdaGrad steps (ALGORITHMS.md §8, Duchi, Hazan & Singer 2011), ``sgd_tg_ada_block`` / ``tg_ada_flush``: the
+global η_t is replaced per coordinate by η_{t,j} = η_t / (δ + √n_j(t)), n_j(t) = Σ_{s ≤ t} g_{s,j}², where
+g_{s,j} = ℓ'(f_s, y_s)·x_{s,j} is the gradient of the loss only (the L2 decay keeps the global rate η_t, so
+wscale is unchanged); the bias has its own accumulator n_b = Σ_s ℓ'(f_s, y_s)². Dense rule per step t:
+
+    f = u·x + b ;  d = ℓ'(f, y) ;  n_j += (d·x_j)² on nz(x) ;  n_b += d²
+    u ← (1 − η_t·l2)·u ;  u_j ← u_j − η_t/(δ + √n_j)·d·x_j ;  b ← b − η_t/(δ + √n_b)·d
+    if t % K == 0:  u_j ← T1(u_j, η_t·K·g/(δ + √n_j), θ)     for *every* coordinate j (n_j of step t)
+
+Lazy form (exact): G is unchanged (Σ η_k·K·g / wscale_k, no per-coordinate factor), and coordinate j owes
+(G − Gl[j]) / (δ + √n_j) in storage units. This is exact because n_j changes only when j is touched, and a
+touch settles j's debt first: between two touches every truncation step k applies η_k·K·g/(wscale_k·(δ + √n_j))
+with the same n_j, whose sum is (G − Gl[j])/(δ + √n_j), and T1 composes (C-2). Order at a touch: catch up with
+the OLD n_j, score, n_j += g², gradient step with the new n_j, this step's truncation with the new n_j
+(G − Gl[j] is then this step's gravity only). ``_fold``/``tg_ada_flush`` use the same per-coordinate factor.
+Cost per row stays O(nnz(row)). Rows must not repeat an index (the store guarantees it): with a repeated
+index the per-entry accumulation differs from the dense g_j = d·Σx_j.
 """
 import math
 
@@ -46,11 +65,16 @@ FOLD_THRESHOLD = 1e-9
 """Fold wscale back into w (O(p)) as soon as it drops below this value."""
 
 
-def new_tg_state(p):
-    """Fresh state arrays ``(w, Gl, istate, fstate)`` for ``p`` features (t = 0, G = 0, wscale = 1, bias = 0)."""
+def new_tg_state(p, adagrad=False):
+    """Fresh state arrays ``(w, Gl, istate, fstate)`` for ``p`` features (t = 0, G = 0, wscale = 1, bias = 0).
+
+    With ``adagrad``: ``(w, Gl, n, istate, fstate)``, n = 0 and fstate = [G, wscale, bias, n_bias = 0].
+    """
     w = np.zeros(p, dtype=np.float64)
     Gl = np.zeros(p, dtype=np.float64)
     istate = np.zeros(1, dtype=np.int64)
+    if adagrad:
+        return w, Gl, np.zeros(p, dtype=np.float64), istate, np.array([0.0, 1.0, 0.0, 0.0], dtype=np.float64)
     fstate = np.array([0.0, 1.0, 0.0], dtype=np.float64)
     return w, Gl, istate, fstate
 
@@ -120,10 +144,17 @@ def _t1(v, a, theta):
     return v
 
 
+@numba.njit(cache=True, nogil=True, inline="always")
+def _rate(n, j, delta):
+    """AdaGrad's per-coordinate factor 1/(δ + √n_j) is applied as a division by this denominator."""
+    return delta + math.sqrt(n[j])
+
+
 @numba.njit(cache=True, nogil=True)
-def _fold(w, Gl, G, wscale, theta):
+def _fold(w, Gl, n, G, wscale, theta, delta, ada):
     """Apply pending truncation (C-2) to every coordinate and multiply the scale in; O(p).
 
+    The debt of coordinate j is G − Gl[j], divided by δ + √n_j when ``ada`` (``n``, ``delta`` unused otherwise).
     Afterwards w holds the true weights and Gl is all zero (the caller resets G = 0, wscale = 1).
     """
     th = theta / wscale
@@ -131,9 +162,95 @@ def _fold(w, Gl, G, wscale, theta):
         v = w[j]
         pend = G - Gl[j]
         if pend != 0.0:
+            if ada:
+                pend = pend / _rate(n, j, delta)
             v = _t1(v, pend, th)
         w[j] = v * wscale
         Gl[j] = 0.0
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _tg_rows(indptr, indices, data, y, rows, w, Gl, n, istate, fstate, eta, schedule, power_t, l2, g, K, theta,
+             delta, loss, hinge_at_one, fit_bias, ada):
+    """The one TG loop behind ``sgd_tg_block`` (``ada`` = False) and ``sgd_tg_ada_block`` (``ada`` = True).
+
+    Inlined into both with ``ada`` a literal, so the compiler drops the AdaGrad branches from the plain kernel
+    (same arithmetic, same machine code as without them). See the two kernels for the rules.
+    """
+    t = istate[0]
+    G = fstate[0]
+    s = fstate[1]
+    b = fstate[2]
+    nb = 0.0
+    if ada:
+        nb = fstate[3]
+    Kg = K * g
+    do_trunc = Kg > 0.0
+    for r in range(rows.shape[0]):
+        i = rows[r]
+        lo = indptr[i]
+        hi = indptr[i + 1]
+        t += 1
+        if schedule == 1:
+            e = eta / (float(t) ** power_t)
+        else:
+            e = eta
+        th = theta / s
+        # catch up to step t-1 (pending lazy truncation, C-2; AdaGrad: with the OLD n_j) and score
+        acc = 0.0
+        for k in range(lo, hi):
+            j = indices[k]
+            v = w[j]
+            pend = G - Gl[j]
+            if pend != 0.0:
+                if ada:
+                    pend = pend / _rate(n, j, delta)
+                v = _t1(v, pend, th)
+                w[j] = v
+                Gl[j] = G
+            acc += v * data[k]
+        f = s * acc + b
+        d = dloss(f, y[i], loss, hinge_at_one)
+        # weight decay: O(1) on the scale
+        if l2 != 0.0:
+            s *= 1.0 - e * l2
+        # (TG-1) gradient step, in storage units (AdaGrad: n_j += (d·x_j)² first, then the new rate)
+        step = e * d / s
+        for k in range(lo, hi):
+            j = indices[k]
+            dw = step * data[k]
+            if ada:
+                gk = d * data[k]
+                n[j] += gk * gk
+                dw = dw / _rate(n, j, delta)
+            w[j] -= dw
+        if fit_bias:
+            if ada:
+                nb += d * d
+                b -= e * d / (delta + math.sqrt(nb))
+            else:
+                b -= e * d
+        # (TG-2) truncation of this step, applied to the touched coordinates now, to the others lazily
+        if do_trunc and t % K == 0:
+            G += e * Kg / s
+            th = theta / s
+            for k in range(lo, hi):
+                j = indices[k]
+                a = G - Gl[j]
+                if ada:
+                    a = a / _rate(n, j, delta)
+                w[j] = _t1(w[j], a, th)
+                Gl[j] = G
+        if s < FOLD_THRESHOLD:
+            _fold(w, Gl, n, G, s, theta, delta, ada)
+            G = 0.0
+            s = 1.0
+    istate[0] = t
+    fstate[0] = G
+    fstate[1] = s
+    fstate[2] = b
+    if ada:
+        fstate[3] = nb
 
 
 @numba.njit(cache=True, nogil=True)
@@ -152,61 +269,35 @@ def sgd_tg_block(indptr, indices, data, y, rows, w, Gl, istate, fstate, eta, sch
     ``schedule`` (0: η_t = eta, 1: η_t = eta / t**power_t), ``power_t``, ``l2``, ``g``, ``K``, ``theta``
     (may be inf), ``loss`` (losses code), ``hinge_at_one``, ``fit_bias``. Feature indices must be < len(w).
     """
-    t = istate[0]
-    G = fstate[0]
-    s = fstate[1]
-    b = fstate[2]
-    Kg = K * g
-    do_trunc = Kg > 0.0
-    for r in range(rows.shape[0]):
-        i = rows[r]
-        lo = indptr[i]
-        hi = indptr[i + 1]
-        t += 1
-        if schedule == 1:
-            e = eta / (float(t) ** power_t)
-        else:
-            e = eta
-        th = theta / s
-        # catch up to step t-1 (pending lazy truncation, C-2) and score
-        acc = 0.0
-        for k in range(lo, hi):
-            j = indices[k]
-            v = w[j]
-            pend = G - Gl[j]
-            if pend != 0.0:
-                v = _t1(v, pend, th)
-                w[j] = v
-                Gl[j] = G
-            acc += v * data[k]
-        f = s * acc + b
-        d = dloss(f, y[i], loss, hinge_at_one)
-        # weight decay: O(1) on the scale
-        if l2 != 0.0:
-            s *= 1.0 - e * l2
-        # (TG-1) gradient step, in storage units
-        step = e * d / s
-        for k in range(lo, hi):
-            j = indices[k]
-            w[j] -= step * data[k]
-        if fit_bias:
-            b -= e * d
-        # (TG-2) truncation of this step, applied to the touched coordinates now, to the others lazily
-        if do_trunc and t % K == 0:
-            G += e * Kg / s
-            th = theta / s
-            for k in range(lo, hi):
-                j = indices[k]
-                w[j] = _t1(w[j], G - Gl[j], th)
-                Gl[j] = G
-        if s < FOLD_THRESHOLD:
-            _fold(w, Gl, G, s, theta)
-            G = 0.0
-            s = 1.0
-    istate[0] = t
-    fstate[0] = G
-    fstate[1] = s
-    fstate[2] = b
+    # n is never read without AdaGrad: Gl stands in for it (no allocation)
+    _tg_rows(indptr, indices, data, y, rows, w, Gl, Gl, istate, fstate, eta, schedule, power_t, l2, g, K, theta,
+             0.0, loss, hinge_at_one, fit_bias, False)
+
+
+@numba.njit(cache=True, nogil=True)
+def sgd_tg_ada_block(indptr, indices, data, y, rows, w, Gl, n, istate, fstate, eta, schedule, power_t, l2, g, K,
+                     theta, delta, loss, hinge_at_one, fit_bias):
+    """``sgd_tg_block`` with AdaGrad steps η_{t,j} = η_t / (δ + √n_j); cost O(Σ nnz(row)).
+
+    How the per-coordinate step enters the cumulative gravity: G keeps summing η_t·K·g / wscale (no
+    per-coordinate factor); coordinate j's debt G − Gl[j] is divided by δ + √n_j when it is applied. n_j only
+    changes at a touch of j, so over an untouched interval every truncation step owed η_t·K·g/(δ + √n_j) with
+    one n_j, and (G − Gl[j])/(δ + √n_j) is their exact sum (T1 composes, C-2). Per step t, for j ∈ nz(x):
+
+        1. catch up:  w_j ← T1(w_j, (G − Gl[j]) / (δ + √n_j), θ/wscale), Gl[j] ← G      (OLD n_j)
+        2. score:     f = wscale·(w·x) + b ;  d = ℓ'(f, y)
+        3. decay:     wscale ← (1 − η_t·l2)·wscale                                       (global rate)
+        4. n_j ← n_j + (d·x_j)² ;  w_j ← w_j − η_t·d·x_j / (wscale·(δ + √n_j))           (NEW n_j)
+           bias:  n_b ← n_b + d² ;  b ← b − η_t·d / (δ + √n_b)
+        5. if g > 0 and t % K == 0:  G ← G + η_t·K·g / wscale ;
+           w_j ← T1(w_j, (G − Gl[j]) / (δ + √n_j), θ/wscale), Gl[j] ← G                 (NEW n_j)
+
+    Untouched coordinates are settled at their next touch or by ``tg_ada_flush``. Arguments as
+    ``sgd_tg_block``, plus ``n`` (float64[p], Σ g_j²) and ``delta`` (δ > 0); ``fstate`` = [G, wscale, bias,
+    n_bias] (float64[4]).
+    """
+    _tg_rows(indptr, indices, data, y, rows, w, Gl, n, istate, fstate, eta, schedule, power_t, l2, g, K, theta,
+             delta, loss, hinge_at_one, fit_bias, True)
 
 
 @numba.njit(cache=True, nogil=True)
@@ -216,7 +307,15 @@ def tg_flush(w, Gl, fstate, theta):
     Afterwards w holds the true weights, Gl[:] = 0, fstate[0] (G) = 0, fstate[1] (wscale) = 1; the bias and the
     step counter are unchanged. Idempotent. Call at pass ends and before any evaluation or export.
     """
-    _fold(w, Gl, fstate[0], fstate[1], theta)
+    _fold(w, Gl, Gl, fstate[0], fstate[1], theta, 0.0, False)
+    fstate[0] = 0.0
+    fstate[1] = 1.0
+
+
+@numba.njit(cache=True, nogil=True)
+def tg_ada_flush(w, Gl, n, fstate, theta, delta):
+    """``tg_flush`` for ``sgd_tg_ada_block``: coordinate j's pending gravity is (G − Gl[j]) / (δ + √n_j)."""
+    _fold(w, Gl, n, fstate[0], fstate[1], theta, delta, True)
     fstate[0] = 0.0
     fstate[1] = 1.0
 
