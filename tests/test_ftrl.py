@@ -172,8 +172,8 @@ def test_both_mixes_learn_and_the_model_is_the_closed_form_of_the_mixed_state(st
 
 def test_warm_start_from_another_algorithm(store, tmp_path):
     tg = fit(store, "tg", {"eta": 0.5, "gravity": 1e-4}, passes=1, paths=1, seed=0, client=None)
-    m = fit(store, "ftrl", OPTS, passes=1, paths=1, seed=0, client=None, init_model=tg)
-    assert not m.meta["provenance"]["resumed"] and m.nnz > 0
+    m = fit(store, "ftrl", {}, passes=1, paths=1, seed=0, client=None, init_model=tg)   # the defaults
+    assert not m.meta["provenance"]["resumed"] and 0 < m.nnz < m.n_features
 
 
 def test_options_are_validated():
