@@ -188,7 +188,7 @@ class Registry:
     def production(self):
         """The production Model (None when nothing was promoted yet); a missing or corrupt file is an error
         naming it."""
-        from pipeline.model import ModelError, load_model
+        from pipeline.model import load_model
 
         v = self.production_version
         if v is None:
@@ -199,7 +199,7 @@ class Registry:
                                 f"`sparsepipe registry promote {self.path} VERSION` another version")
         try:
             m = load_model(path)
-        except (ModelError, OSError, ValueError, KeyError) as e:
+        except Exception as e:  # noqa: BLE001  (ModelError, BadZipFile, truncated arrays, ...)
             raise RegistryError(f"{path}: production model (version {v}) is unreadable ({e})") from None
         m.meta["path"] = path
         m.meta["registry_version"] = v
@@ -360,12 +360,17 @@ class JobLock:
             alive = _pid_alive(holder.get("pid")) and holder.get("host") == socket.gethostname()
             self.reg.log({"event": "stale_lock_taken_over", "run": self.run, "holder": holder,
                           "holder_process": "alive (lock not held)" if alive else "gone"})
-        info = {"pid": os.getpid(), "host": socket.gethostname(), "run": self.run, "since": now()}
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, json.dumps(info).encode(), 0)
-        os.fsync(fd)
         self.fd = fd
+        self.set_run(self.run)
         return self
+
+    def set_run(self, run: str) -> None:
+        """Record the holder (pid, host, run) in the lock file."""
+        self.run = run
+        info = {"pid": os.getpid(), "host": socket.gethostname(), "run": run, "since": now()}
+        os.ftruncate(self.fd, 0)
+        os.pwrite(self.fd, json.dumps(info).encode(), 0)
+        os.fsync(self.fd)
 
     def __exit__(self, *exc):
         if self.fd is not None:

@@ -373,7 +373,7 @@ def _run_locked(cfg, reg, lock, clients, new_inputs, force, steps, t_all, say):
     if st is None and not inputs:
         raise JobError(f"{cfg.store}: no such store and no --new inputs to create it from")
     run = _run_key([i["fingerprint"] for i in inputs], cfg, st)
-    lock.run = run
+    lock.set_run(run)
     state = reg.run_state(run) or {}
     if state.get("status") == "done":
         res = dict(state["result"])
