@@ -6,11 +6,14 @@ step counter t for the learning-rate schedule. The lazy truncation state is flus
 
 ``adagrad=true`` (ALGORITHMS.md §8) uses per-coordinate steps η_t / (δ + √n_j), n_j = Σ (ℓ'·x_j)² (the loss
 gradient only; L2 keeps the global rate), with the lazy truncation kept exact (pipeline.kernels.sgd).
-At a pass end the paths' accumulators are mixed by ``adagrad_mix``: ``sum`` (default) gives
-n ← n_base + Σ_m (n_m − n_base), the accumulator of one learner that saw every row of the pass (the
-base is the previous mix, kept in the global state); ``mean`` averages n like the weights, which grows n by
-only 1/M of the pass's gradients with M paths. Measured in docs/results.md ("AdaGrad"): ``sum`` learns
-better with 2 paths.
+At a pass end the paths' accumulators are mixed by ``adagrad_mix``: ``mean`` (default) averages n like
+the weights; ``sum`` gives n ← n_base + Σ_m (n_m − n_base), the accumulator of one learner that saw every
+row of the pass (the base is the previous mix, a p-vector kept in the global state and the model file).
+With parameter mixing the averaged weights move per pass about as far as one path does on 1/M of the rows,
+and ``mean`` keeps n consistent with that; ``sum`` shrinks the steps as if the weights had taken M times
+more updates. Measured (3 passes, gravity 1e-4, holdout error sum / mean, 2-4 paths; synthetic 20k x 200k,
+news20, rcv1 small): equal at the best eta of each (0.2027/0.2030, 0.0422/0.0406, 0.1270/0.1270), mean
+better at the smaller eta (0.2576/0.2370, 0.1534/0.1481) — so ``mean``, which also needs no global copy.
 """
 from __future__ import annotations
 
@@ -24,7 +27,7 @@ from pipeline.kernels import sgd as K
 from pipeline.kernels.losses import LOSS_CODES
 
 SCHEDULES = {"constant": K.SCHEDULE_CONSTANT, "invscaling": K.SCHEDULE_INVSCALING, "sqrt": K.SCHEDULE_INVSCALING}
-ADAGRAD_MIX = ("sum", "mean")
+ADAGRAD_MIX = ("mean", "sum")
 ADAGRAD_KEYS = ("adagrad", "adagrad_delta", "adagrad_mix")
 
 
@@ -47,7 +50,7 @@ class TGParams:
     # δ: ~ one gradient of a typical entry (|x| ~ 1/60 on L2-normalised rows): FTRL's β = 1 rescaled to such
     # features; steps of coordinates with Σg² << δ² stay ≈ eta/δ
     adagrad_delta: float = 0.01
-    adagrad_mix: str = "sum"        # pass-end mixing of the accumulators across paths: sum (of increments) | mean
+    adagrad_mix: str = "mean"       # pass-end mixing of the accumulators across paths: mean | sum (of increments)
 
     def __post_init__(self):
         check_choice("loss", self.loss, LOSS_CODES)
