@@ -13,7 +13,7 @@ from cli.app import Progress, app, emit_json, fail, user_errors
 RUN_KEYS = {"algo", "passes", "paths", "seed", "workers", "scheduler", "placement", "stage_blocks", "max_density",
             "record_path", "evaluate_every", "shuffle_window"}
 # ablation switches: CLI flag -> (hyper-parameter, value); only for algorithms that have that parameter
-SWITCHES = {"no_informative": ("informative", False), "no_stability": ("stability", False)}
+SWITCHES = {"no_informative": ("truncation", "touched"), "no_stability": ("stability", False)}
 
 
 def read_config(path: Path | None) -> dict:
@@ -66,7 +66,8 @@ def train(
     theta: Optional[float] = typer.Option(None, min=0.0, help="TG truncation window (default inf)."),
     paths: Optional[int] = typer.Option(None, min=1, help="Model replicas; sgd/tg split the blocks and "
                                                           "average at pass ends (default = workers)."),
-    workers: Optional[int] = typer.Option(None, min=1, help="Local cluster processes (default: cores)."),
+    workers: Optional[int] = typer.Option(None, min=1, help="Local cluster processes (default: one thread "
+                                                            "per core in this process)."),
     scheduler: Optional[str] = typer.Option(None, help="Join an existing Dask scheduler instead."),
     seed: Optional[int] = typer.Option(None, help="Seed of the block and row orders (default 0)."),
     placement: Optional[str] = typer.Option(None, help="paths: one task per path per stage (default); "
@@ -84,8 +85,8 @@ def train(
                                                                    "against label-sorted inputs)."),
     stage_blocks: Optional[int] = typer.Option(None, min=0, help="Multi-path algorithms: blocks per path per "
                                                                  "stage (0 = the algorithm's own stage length)."),
-    no_informative: bool = typer.Option(False, "--no-informative", help="STSGD ablation: uniform TG "
-                                                                        "truncation inside bursts."),
+    no_informative: bool = typer.Option(False, "--no-informative", help="STSGD ablation: truncate only "
+                                                                        "the burst's touched coordinates by g0·K."),
     no_stability: bool = typer.Option(False, "--no-stability", help="STSGD ablation: no purging."),
     fixed_gravity: Optional[float] = typer.Option(None, min=0.0, help="STSGD ablation: constant base gravity "
                                                                       "g0 (no adaptive gravity, no annealing)."),
@@ -149,7 +150,7 @@ def train(
             elif not as_json:
                 typer.echo(line, err=True)
 
-        with dask_client(n_workers, run.get("scheduler")) as client:
+        with dask_client(run.get("workers"), run.get("scheduler")) as client:  # neither: threads here
             model = fit(str(store), name, opts, passes=run.get("passes", 5), paths=n_paths, seed=run.get("seed", 0),
                         client=client, init_model=init, placement=run.get("placement", "paths"),
                         stage_blocks=run.get("stage_blocks", 0), max_density=run.get("max_density"),

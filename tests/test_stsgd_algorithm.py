@@ -12,7 +12,12 @@ from pipeline.train import fit
 from tests.conftest import ingest_shared
 from tests.test_engine import same_model as same
 
-OPTS = {"eta": 0.05, "K": 4, "n_K": 8, "tol": 0.0, "gamma": -1.0, "pi0": 0.6, "beta0": 0.5}
+# the paper's rules (informative truncation, adaptive gravity), which the tests below exercise
+OPTS = {"eta": 0.05, "K": 4, "n_K": 8, "tol": 0.0, "gamma": -1.0, "pi0": 0.6, "beta0": 0.5,
+        "truncation": "informative", "gravity": "adaptive"}
+# the defaults' rules at scale (uniform lazy truncation, L1 gravity, AdaGrad steps)
+SCALE = {"eta": 0.05, "K": 4, "tol": 0.0, "pi0": 0.6, "truncation": "uniform", "gravity": "l1", "l1": 1e-3,
+         "adagrad": True, "adagrad_delta": 0.01}
 
 
 @pytest.fixture(scope="module")
@@ -47,15 +52,17 @@ def test_purged_features_stay_zero_and_stable_set_is_monotone(store):
     assert np.all(more.dense_weights()[dead] == 0.0) and not STSGD.views(more.states[0])["alive"][dead].any()
 
 
-def test_same_model_with_one_or_two_workers(store, client, one_worker_client):
-    ref = fit(store, "stsgd", OPTS, passes=2, paths=2, seed=5, client=client)
-    m1 = fit(store, "stsgd", OPTS, passes=2, paths=2, seed=5, client=one_worker_client)
-    inproc = fit(store, "stsgd", OPTS, passes=2, paths=2, seed=5, client=None)
+@pytest.mark.parametrize("opts", [OPTS, SCALE], ids=["paper", "scale"])
+def test_same_model_with_one_or_two_workers(opts, store, client, one_worker_client):
+    ref = fit(store, "stsgd", opts, passes=2, paths=2, seed=5, client=client)
+    m1 = fit(store, "stsgd", opts, passes=2, paths=2, seed=5, client=one_worker_client)
+    inproc = fit(store, "stsgd", opts, passes=2, paths=2, seed=5, client=None)
     assert ref.nnz > 0 and same(ref, m1) and same(ref, inproc)
-    assert not same(ref, fit(store, "stsgd", OPTS, passes=2, paths=2, seed=6, client=None))
+    assert not same(ref, fit(store, "stsgd", opts, passes=2, paths=2, seed=6, client=None))
 
 
-@pytest.mark.parametrize("extra", [{}, {"alpha": 0.5, "delta_K": 2.0, "stage_blocks": 1}])
+@pytest.mark.parametrize("extra", [{}, {"alpha": 0.5, "delta_K": 2.0, "stage_blocks": 1},
+                                   {**SCALE, "n_K": 0, "stage_blocks": 2}])
 def test_two_passes_saved_and_resumed_for_three_equals_five(extra, store, tmp_path, client):
     extra = dict(extra)
     sb = extra.pop("stage_blocks", 0)
@@ -68,7 +75,7 @@ def test_two_passes_saved_and_resumed_for_three_equals_five(extra, store, tmp_pa
                   stage_blocks=sb)
     assert resumed.meta["provenance"]["resumed"] and resumed.meta["passes"] == 5
     assert same(full, resumed)
-    for k in ("ctrl", "istate", "rec", "ratios"):
+    for k in ("ctrl", "istate", "rec", "ratios", "acc", "fstate"):
         assert np.array_equal(full.states[1][k], resumed.states[1][k])
     for k in ("beta", "g0", "K", "n_alive", "carry_idx"):
         assert np.array_equal(np.asarray(full.gstate[k]), np.asarray(resumed.gstate[k]))

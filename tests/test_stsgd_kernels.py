@@ -10,7 +10,7 @@ from pipeline.kernels import stsgd as K_
 from pipeline.kernels.losses import HINGE, LOGISTIC, SQUARED
 
 STATE_KEYS = ("w", "alive", "kt", "w_start", "touched", "istate", "fstate", "cnt_evid",
-              "cnt_surv", "cnt_upd", "ratios")
+              "cnt_surv", "cnt_upd", "ratios", "acc")
 VIEW_KEYS = ("w", "alive", "kt", "w_start", "cnt_evid", "cnt_surv", "cnt_upd")
 
 
@@ -47,8 +47,14 @@ def np_soft(v, a):
 
 def ref_stsgd(X, y, rows, p, *, eta=0.1, schedule=1, K=5, g0=0.0, loss=LOGISTIC,
               informative=True, count_violations_only=False, fit_bias=False, max_bursts=0,
-              quantile_first_burst=False, beta=0.0, alive=None, w0=None):
-    """Straight transcription of the §2 pseudocode (BURST), dense vectors, fresh state."""
+              quantile_first_burst=False, beta=0.0, alive=None, w0=None, mode=None, adagrad=False, delta=1.0):
+    """Straight transcription of the §2 pseudocode (BURST), dense vectors, fresh state.
+
+    ``mode`` 2 (uniform) truncates EVERY alive coordinate at each burst end (dense, no laziness);
+    ``adagrad`` scales each coordinate's step and gravity by 1/(δ + √Σ g_j²) (ALGORITHMS.md §8)."""
+    mode = int(informative) if mode is None else mode
+    acc = np.zeros(p)
+    bacc = 0.0
     X = sp.csr_matrix(X)
     alive = np.ones(p, bool) if alive is None else alive.copy()
     w = np.zeros(p) if w0 is None else w0.astype(float).copy()
@@ -77,14 +83,24 @@ def ref_stsgd(X, y, rows, p, *, eta=0.1, schedule=1, K=5, g0=0.0, loss=LOGISTIC,
             new = kt[idx] == 0
             ws[idx[new]] = w[idx[new]]
             kt[idx] += 1
-            w[idx] -= e * d * vals
+            if adagrad:
+                gj = d * vals
+                acc[idx] += gj * gj
+                w[idx] -= e * gj / (delta + np.sqrt(acc[idx]))
+            else:
+                w[idx] -= e * d * vals
         if fit_bias:
-            b -= e * d
+            if adagrad:
+                bacc += d * d
+                b -= e * d / (delta + math.sqrt(bacc))
+            else:
+                b -= e * d
         pos += 1
         consumed += 1
         if pos == K:
             T = np.flatnonzero(kt)
-            rr = np.abs(w[T] - ws[T]) / kt[T]
+            sc = 1.0 / (delta + np.sqrt(acc)) if adagrad else np.ones(p)
+            rr = np.abs(w[T] - ws[T]) / (kt[T] * sc[T])
             g = g0
             if quantile_first_burst:
                 if beta <= 0 or len(T) == 0:
@@ -93,8 +109,11 @@ def ref_stsgd(X, y, rows, p, *, eta=0.1, schedule=1, K=5, g0=0.0, loss=LOGISTIC,
                     k = min(max(math.ceil(beta * len(T) - 1e-9 * max(1, beta * len(T))), 1), len(T))
                     g = np.sort(rr)[k - 1]
             ratios += list(zip(T.tolist(), rr.tolist()))
-            thr = g * kt[T] if informative else g * pos
-            w[T] = np_soft(w[T], thr)
+            thr = g * kt[T] if mode == 1 else g * pos
+            w[T] = np_soft(w[T], thr * sc[T])
+            if mode == 2:  # every other alive coordinate too
+                U = np.flatnonzero(alive & (kt == 0))
+                w[U] = np_soft(w[U], g * pos * sc[U])
             evid[T] += 1
             upd[T] += kt[T]
             surv[T] += (w[T] != 0)
@@ -104,7 +123,7 @@ def ref_stsgd(X, y, rows, p, *, eta=0.1, schedule=1, K=5, g0=0.0, loss=LOGISTIC,
             if max_bursts > 0 and bursts >= max_bursts:
                 break
     return dict(w=w, b=b, t=t, pos=pos, evid=evid, surv=surv, upd=upd, ratios=ratios,
-                bursts=bursts, consumed=consumed, kt=kt)
+                bursts=bursts, consumed=consumed, kt=kt, acc=acc)
 
 
 def ref_tg_dense(X, y, eta, g, K, loss=LOGISTIC):
@@ -140,13 +159,15 @@ def csr_arrays(X, idx_dtype=np.int32):
 
 def run(X, y, rows, st, start=0, *, eta=0.1, schedule=1, K=5, g0=0.0, loss=LOGISTIC,
         hinge_at_one=False, informative=True, count_violations_only=False, fit_bias=False,
-        max_bursts=0, quantile_first_burst=False, beta=0.0, idx_dtype=np.int32):
+        max_bursts=0, quantile_first_burst=False, beta=0.0, idx_dtype=np.int32, mode=None, adagrad=False,
+        delta=1.0):
     indptr, indices, data = csr_arrays(X, idx_dtype)
+    mode = int(informative) if mode is None else mode
     return K_.stsgd_block(indptr, indices, data, y, np.asarray(rows, dtype=np.int64), start,
                           st["rec"], K_.int_view(st["rec"]), st["touched"], st["istate"], st["fstate"],
                           st["ratios"], eta, schedule, K, g0, loss, hinge_at_one,
-                          informative, count_violations_only, fit_bias, max_bursts,
-                          quantile_first_burst, beta)
+                          mode, count_violations_only, fit_bias, max_bursts,
+                          quantile_first_burst, beta, st["acc"], adagrad, delta)
 
 
 def kernel_ratios(st):
@@ -154,8 +175,23 @@ def kernel_ratios(st):
     return sorted((int(a), float(b)) for a, b in st["ratios"][:n])
 
 
-def assert_matches_ref(st, ref, consumed=None):
-    np.testing.assert_allclose(st["w"], ref["w"], rtol=1e-10, atol=1e-13)
+def caught_up_w(st, adagrad=False, delta=1.0):
+    """The kernel's true weights in uniform mode: alive coordinates not touched in the open burst owe
+    S(·, (G − Gl_j)·s_j) (Gl_j lives in the w_start column); everything else is as stored."""
+    w = st["w"].copy()
+    G = st["fstate"][K_.F_G]
+    if G == 0.0:  # other modes (w_start is stale outside a burst there), or nothing owed
+        return w
+    lazy = np.flatnonzero(st["kt"] == 0)
+    sc = 1.0 / (delta + np.sqrt(st["acc"][lazy])) if adagrad else 1.0
+    w[lazy] = np_soft(w[lazy], (G - st["w_start"][lazy]) * sc)
+    return w
+
+
+def assert_matches_ref(st, ref, consumed=None, adagrad=False, delta=1.0):
+    np.testing.assert_allclose(caught_up_w(st, adagrad, delta), ref["w"], rtol=1e-10, atol=1e-13)
+    if adagrad:
+        np.testing.assert_allclose(st["acc"], ref["acc"], rtol=1e-12)
     assert st["fstate"][K_.F_BIAS] == pytest.approx(ref["b"], rel=1e-10, abs=1e-13)
     np.testing.assert_array_equal(st["cnt_evid"], ref["evid"])
     np.testing.assert_array_equal(st["cnt_surv"], ref["surv"])
@@ -236,15 +272,41 @@ def test_features_absent_from_burst_are_not_truncated():
     dict(quantile_first_burst=True, beta=0.3, K=7, informative=False, fit_bias=True),
     dict(g0=0.003, max_bursts=6, K=5),
     dict(g0=0.003, K=1),
+    dict(g0=0.0004, mode=2),
+    dict(g0=0.002, mode=2, K=3, fit_bias=True, schedule=0),
+    dict(g0=0.004, mode=2, loss=HINGE, count_violations_only=True),
+    dict(quantile_first_burst=True, beta=0.5, K=4, mode=2),
+    dict(g0=0.02, adagrad=True, fit_bias=True),
+    dict(g0=0.02, adagrad=True, mode=2, K=4, delta=0.1),
+    dict(g0=0.05, adagrad=True, mode=0, schedule=0, loss=SQUARED),
 ])
 def test_kernel_matches_reference(cfg):
     X, y = make_data(n=90, p=20, seed=3)
     p = X.shape[1]
     rng = np.random.default_rng(7)
     rows = rng.permutation(X.shape[0])
-    st = new_state(p, ratio_capacity=10_000)
+    st = new_state(p, ratio_capacity=10_000, adagrad=cfg.get("adagrad", False))
     consumed = run(X, y, rows, st, **cfg)
-    assert_matches_ref(st, ref_stsgd(X, y, rows, p, **cfg), consumed)
+    assert_matches_ref(st, ref_stsgd(X, y, rows, p, **cfg), consumed, cfg.get("adagrad", False),
+                       cfg.get("delta", 1.0))
+    if cfg.get("mode") == 2 and cfg.get("g0", 0) > 0 and not cfg.get("adagrad"):
+        cu = caught_up_w(st)
+        assert np.any(cu != st["w"]) and np.any(cu != 0)  # gravity was owed lazily; the model is not all zero
+
+
+@pytest.mark.parametrize("adagrad", [False, True])
+def test_uniform_flush_applies_owed_gravity_and_resets(adagrad):
+    X, y = make_data(n=60, p=25, seed=21, density=0.15)
+    st = new_state(25, adagrad=adagrad)
+    run(X, y, np.arange(60), st, g0=0.003, K=5, mode=2, adagrad=adagrad)  # 60 = 12 full bursts
+    assert st["istate"][K_.I_POS] == 0
+    want = caught_up_w(st, adagrad)
+    K_.stsgd_flush(st["rec"], K_.int_view(st["rec"]), st["fstate"], st["acc"], adagrad, 1.0)
+    np.testing.assert_array_equal(st["w"], want)
+    assert st["fstate"][K_.F_G] == 0.0 and not st["w_start"].any()
+    ref = ref_stsgd(X, y, np.arange(60), 25, g0=0.003, K=5, mode=2, adagrad=adagrad)
+    np.testing.assert_allclose(st["w"], ref["w"], rtol=1e-10, atol=1e-13)
+    assert np.any(ref["w"] == 0.0)  # exact zeros
 
 
 def test_float32_data_and_int64_indices():
@@ -282,15 +344,17 @@ def _assert_states_equal(a, b):
     dict(g0=0.01, informative=False, fit_bias=True),
     dict(quantile_first_burst=True, beta=0.6, K=4),
     dict(loss=HINGE, count_violations_only=True, g0=0.004, K=6),
+    dict(g0=0.004, mode=2, adagrad=True, fit_bias=True),
 ])
 def test_burst_spanning_calls_equals_one_call(cfg):
     X, y = make_data(n=70, p=18, seed=11)
     p = X.shape[1]
     rows = np.random.default_rng(2).permutation(70)
-    one = new_state(p, ratio_capacity=25, seed=123)  # small: exercises the reservoir
+    ada = cfg.get("adagrad", False)
+    one = new_state(p, ratio_capacity=25, seed=123, adagrad=ada)  # small: exercises the reservoir
     assert run(X, y, rows, one, **cfg) == 70
     for splits in ([3], [7, 8], [1, 2, 3, 33, 34, 69], list(range(1, 70, 4))):
-        st = new_state(p, ratio_capacity=25, seed=123)
+        st = new_state(p, ratio_capacity=25, seed=123, adagrad=ada)
         bounds = [0] + splits + [70]
         for a, b in zip(bounds[:-1], bounds[1:]):
             # rows[a:b] as their own call: both through `start` and through a sliced rows array
@@ -335,7 +399,7 @@ def test_close_partial_burst():
     run(X, y, np.arange(13), st, g0=0.02, K=5, informative=False)
     assert st["istate"][K_.I_POS] == 3
     K_.stsgd_close_burst(st["rec"], K_.int_view(st["rec"]), st["touched"], st["istate"],
-                         st["fstate"], st["ratios"], 0.02, False, False, 0.0)
+                         st["fstate"], st["ratios"], 0.02, K_.TRUNC_TOUCHED, False, 0.0, st["acc"], False, 1.0)
     assert st["istate"][K_.I_POS] == 0 and st["istate"][K_.I_NTOUCHED] == 0
     assert not st["kt"].any()
     # == reference on 15 rows where the 3rd burst is partial: compare via K=13 trick is awkward,

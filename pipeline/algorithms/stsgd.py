@@ -35,12 +35,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from pipeline.algorithms import stsgd_rules as R
-from pipeline.algorithms.base import Algorithm, check_choice
+from pipeline.algorithms.base import Algorithm, check_choice, check_nonnegative, check_positive
 from pipeline.kernels import stsgd as KS
 from pipeline.kernels.losses import LOSS_CODES
 
 SCHEDULES = {"sqrt": KS.SCHEDULE_INVSQRT, "invsqrt": KS.SCHEDULE_INVSQRT, "constant": KS.SCHEDULE_CONSTANT}
 RATIOS = ("c", "paper")
+TRUNCATIONS = {"touched": KS.TRUNC_TOUCHED, "informative": KS.TRUNC_INFORMATIVE, "uniform": KS.TRUNC_UNIFORM}
 # ctrl slots (float64[4], shared by all paths)
 C_G0, C_BETA, C_K, C_QUANT = 0, 1, 2, 3
 
@@ -89,7 +90,14 @@ class STSGDParams:
     alpha: float = 0.0              # burst-size annealing (ST-12); 0 = off, else in (0, 1) (code: 0.5)
     tol: float = 1e-3               # stopping rule (ST-13) on ‖w̄_s − w̄_{s−1}‖ relative; 0 = passes only
     g0_init: float | None = None    # base gravity of stage 1; None = per-burst quantile rule at β0 [R]
-    informative: bool = True        # False: uniform truncation g0·K of the burst's coordinates (ST-2)
+    truncation: str = "uniform"     # uniform: every alive coordinate loses g0 per update (ST-2 as in TG, lazy)
+                                    # [R]; informative: S(w_j, g0·k̃_j) on touched j (ST-4, the paper);
+                                    # touched: g0·K on the burst's touched coordinates only
+    gravity: str = "l1"             # base gravity g0: "l1" = η·l1 per update (the L1 strength of TG) [R];
+                                    # "adaptive" = the paper's rejection-rate quantile rule (ST-9/ST-10)
+    l1: float = 1e-5                # λ of gravity "l1": g0 = η_t·λ (η_t at the stage start for "sqrt")
+    adagrad: bool = False           # per-coordinate steps η_t/(δ + √Σg_j²) (ALGORITHMS.md §8); gravity scales too
+    adagrad_delta: float = 1.0      # δ of AdaGrad
     stability: bool = True          # False: no purging (no stable set)
     fixed_gravity: float | None = None  # constant g0 for every stage (no ST-9/ST-10); None/0 = adaptive
     count_violations_only: bool = False  # k̃ counts only rows with ℓ' ≠ 0 (the R hinge code)
@@ -134,6 +142,10 @@ class STSGDParams:
             raise ValueError(f"d_base must be 'seen' or 'p', got {self.d_base!r}")
         if self.ratio_pool not in ("stage", "stable"):
             raise ValueError(f"ratio_pool must be 'stage' or 'stable', got {self.ratio_pool!r}")
+        check_choice("truncation", self.truncation, TRUNCATIONS)
+        check_choice("gravity", self.gravity, ("l1", "adaptive"))
+        check_nonnegative("l1", self.l1)
+        check_positive("adagrad_delta", self.adagrad_delta)
         if self.ratio not in RATIOS:
             raise ValueError(f"ratio must be 'c' or 'paper', got {self.ratio!r}")
         if not (self.alpha == 0 or 0.0 < self.alpha < 1.0):
@@ -155,6 +167,8 @@ class STSGD(Algorithm):
         quant = 0.0
         if p.fixed_gravity is not None:
             g0 = p.fixed_gravity
+        elif p.gravity == "l1":
+            g0 = self._l1_gravity(0)
         elif p.g0_init is not None:
             g0 = p.g0_init
         else:
@@ -162,8 +176,15 @@ class STSGD(Algorithm):
         K0 = p.K if p.alpha == 0 else R.burst_size(p.K, p.alpha, 1.0)
         return np.array([g0, p.beta0, float(K0), quant], dtype=np.float64)
 
+    def _l1_gravity(self, updates: int) -> float:
+        """g0 of gravity "l1": η_t·λ per update, TG's gravity per step (η_t at ``updates`` done)."""
+        p = self.params
+        eta = p.eta / math.sqrt(updates + 1) if p.schedule != "constant" else p.eta
+        return eta * p.l1
+
     def init_path(self, n_features, path):
-        s = KS.new_path_state(n_features, ratio_capacity=self.params.ratio_capacity, seed=1 + path)
+        s = KS.new_path_state(n_features, ratio_capacity=self.params.ratio_capacity, seed=1 + path,
+                              adagrad=self.params.adagrad)
         s["ctrl"] = self._initial_ctrl()
         s["stage_pass"] = np.array([-1], dtype=np.int64)
         return s
@@ -174,6 +195,8 @@ class STSGD(Algorithm):
         if n_features > old:  # new columns enter the stable set (k̃ = 0), with w = 0 and zero counters
             out["touched"] = np.zeros(n_features, dtype=np.int64)
             out["rec"] = np.pad(state["rec"], [(0, n_features - old), (0, 0)])
+            if state["acc"].shape[0] > 1:
+                out["acc"] = np.pad(state["acc"], (0, n_features - old))
         return out
 
     @staticmethod
@@ -201,8 +224,8 @@ class STSGD(Algorithm):
         consumed = KS.stsgd_block(
             indptr, indices, data, y, rows, start, rec, KS.int_view(rec), state["touched"], state["istate"],
             state["fstate"], state["ratios"], p.eta, SCHEDULES[p.schedule], int(c[C_K]), c[C_G0],
-            LOSS_CODES[p.loss], p.hinge_at_one, p.informative, p.count_violations_only, p.fit_bias, p.n_K,
-            bool(c[C_QUANT]), c[C_BETA])
+            LOSS_CODES[p.loss], p.hinge_at_one, TRUNCATIONS[p.truncation], p.count_violations_only, p.fit_bias,
+            p.n_K, bool(c[C_QUANT]), c[C_BETA], state["acc"], p.adagrad, p.adagrad_delta)
         done = p.n_K > 0 and state["istate"][KS.I_STAGE_BURSTS] >= p.n_K
         return int(consumed), bool(done)
 
@@ -218,8 +241,11 @@ class STSGD(Algorithm):
             return
         c = state["ctrl"]
         rec = state["rec"]
+        p = self.params
         KS.stsgd_close_burst(rec, KS.int_view(rec), state["touched"], state["istate"], state["fstate"],
-                             state["ratios"], c[C_G0], self.params.informative, bool(c[C_QUANT]), c[C_BETA])
+                             state["ratios"], c[C_G0], TRUNCATIONS[p.truncation], bool(c[C_QUANT]), c[C_BETA],
+                             state["acc"], p.adagrad, p.adagrad_delta)
+        KS.stsgd_flush(rec, KS.int_view(rec), state["fstate"], state["acc"], p.adagrad, p.adagrad_delta)
 
     # --- stage end ----------------------------------------------------------------------------
     def summarize(self, state):
@@ -289,6 +315,8 @@ class STSGD(Algorithm):
         # (ST-10) β, (ST-12) K, (ST-9) g0 for the next stage
         if p.fixed_gravity is not None:
             beta_next, g0_next = beta_used, p.fixed_gravity
+        elif p.gravity == "l1":
+            beta_next, g0_next = beta_used, self._l1_gravity(int(total["updates"][0]) // M)
         else:
             beta_next = R.anneal_beta(p.beta0, p.gamma, d) if p.stability else p.beta0
             ratios = np.asarray(total["ratios"])

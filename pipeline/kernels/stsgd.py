@@ -98,7 +98,14 @@ ISTATE_SIZE = 8
 F_BIAS = 0
 F_G0_LAST = 1
 F_LOSS_SUM = 2
-FSTATE_SIZE = 3
+F_G = 3        # uniform mode: cumulative gravity G owed to every alive coordinate since the last flush
+F_BIAS_ACC = 4  # AdaGrad: Σ ℓ'² of the bias
+FSTATE_SIZE = 5
+
+# truncation modes (the ``mode`` argument; False/True of older callers are TOUCHED/INFORMATIVE)
+TRUNC_TOUCHED = 0      # ST-2 on the burst's touched coordinates: g0·(updates in the burst)
+TRUNC_INFORMATIVE = 1  # ST-4: S(w_j, g0·k̃_j) on touched coordinates
+TRUNC_UNIFORM = 2      # ST-2 on EVERY alive coordinate (TG's rule), lazily through G and Gl_j
 
 SCHEDULE_CONSTANT = 0
 SCHEDULE_INVSQRT = 1
@@ -120,10 +127,11 @@ def int_view(rec):
     return rec.view(np.int32)
 
 
-def new_path_state(p, ratio_capacity=1 << 16, touched_capacity=None, seed=0):
+def new_path_state(p, ratio_capacity=1 << 16, touched_capacity=None, seed=0, adagrad=False):
     """Allocate the state arrays of one path (all features alive, w = 0).
 
-    Returns a dict with keys rec, touched, istate, fstate, ratios (see the module docstring for layouts).
+    Returns a dict with keys rec, touched, istate, fstate, ratios, acc (see the module docstring for
+    layouts; ``acc`` is float64[p] of AdaGrad accumulators when ``adagrad``, else a 1-element placeholder).
     """
     p = int(p)
     cap_t = p if touched_capacity is None else int(min(p, touched_capacity))
@@ -135,6 +143,7 @@ def new_path_state(p, ratio_capacity=1 << 16, touched_capacity=None, seed=0):
         "istate": istate,
         "fstate": np.zeros(FSTATE_SIZE, dtype=np.float64),
         "ratios": np.zeros((max(int(ratio_capacity), 1), 2), dtype=np.float64),
+        "acc": np.zeros(p if adagrad else 1, dtype=np.float64),
     }
 
 
@@ -226,10 +235,25 @@ def _quantile_rank(beta, n):
     return k
 
 
+@numba.njit(cache=True, nogil=True, inline="always")
+def _scale(acc, j, adagrad, delta):
+    """Per-coordinate step factor: 1/(δ + √acc_j) with AdaGrad (ALGORITHMS.md §8), else 1."""
+    if adagrad:
+        return 1.0 / (delta + math.sqrt(acc[j]))
+    return 1.0
+
+
 @numba.njit(cache=True, nogil=True)
-def stsgd_close_burst(rec, irec, touched, istate, fstate, ratios, g0, informative, quantile_first_burst, beta):
+def stsgd_close_burst(rec, irec, touched, istate, fstate, ratios, g0, mode, quantile_first_burst, beta,
+                      acc, adagrad, delta):
     """Close the open burst: record ratios (ST-9), truncate touched coordinates (ST-4 / ST-2),
     update the stage counters (ST-6 / ST-11), reset k̃. A no-op on an empty burst (pos == 0).
+
+    Amount for a touched j: g0·k̃_j (``mode`` TRUNC_INFORMATIVE), g0·pos (TRUNC_TOUCHED, TRUNC_UNIFORM),
+    times the coordinate's AdaGrad factor s_j = 1/(δ + √acc_j) when ``adagrad`` (gravity moves with the
+    step, as TG's η_t·g does); the ratio is r_j = |Δw_j| / (k̃_j·s_j), in the units of g0. In
+    TRUNC_UNIFORM every alive coordinate owes g0·pos too: G += g0·pos, and a touched j records
+    Gl_j = G in the w_start column (see :func:`stsgd_block`).
 
     ``irec`` must be ``int_view(rec)``. Called by :func:`stsgd_block` after every K-th update; the engine
     may call it once at the very end of a stage to close a partial burst (its uniform amount is then g0·pos).
@@ -240,15 +264,18 @@ def stsgd_close_burst(rec, irec, touched, istate, fstate, ratios, g0, informativ
     n = istate[I_NTOUCHED]
     g = g0
     if quantile_first_burst:
-        # pass 1: per-feature movement ratio r_j = |Δw_j| / k̃_j, kept in w_start[j]; its quantile
+        # pass 1: per-feature movement ratio r_j = |Δw_j| / (k̃_j·s_j), kept in w_start[j]; its quantile
         for i in range(n):
             j = touched[i]
-            rec[j, R_WSTART] = abs(rec[j, R_W] - rec[j, R_WSTART]) / irec[j, RI_KT]
+            rec[j, R_WSTART] = abs(rec[j, R_W] - rec[j, R_WSTART]) / (irec[j, RI_KT] * _scale(acc, j, adagrad,
+                                                                                              delta))
         if beta <= 0.0 or n == 0:
             g = 0.0
         else:
             k = _quantile_rank(beta, n)
             g = _select_kth(touched, n, rec, R_WSTART, k - 1)
+    uniform = mode == TRUNC_UNIFORM
+    G = fstate[F_G] + g * pos
     # record ratio (ST-9 buffer; uniform reservoir once full), truncate, count
     cap = ratios.shape[0]
     seen = istate[I_RATIOS_SEEN]
@@ -257,10 +284,11 @@ def stsgd_close_burst(rec, irec, touched, istate, fstate, ratios, g0, informativ
         j = touched[i]
         kj = irec[j, RI_KT]
         wj = rec[j, R_W]
+        sj = _scale(acc, j, adagrad, delta)
         if quantile_first_burst:
             r = rec[j, R_WSTART]
         else:
-            r = abs(wj - rec[j, R_WSTART]) / kj
+            r = abs(wj - rec[j, R_WSTART]) / (kj * sj)
         if seen < cap:
             ratios[seen, 0] = float(j)
             ratios[seen, 1] = r
@@ -272,16 +300,20 @@ def stsgd_close_burst(rec, irec, touched, istate, fstate, ratios, g0, informativ
             if slot < cap:
                 ratios[slot, 0] = float(j)
                 ratios[slot, 1] = r
-        if informative:
+        if mode == TRUNC_INFORMATIVE:
             a = g * kj
         else:
             a = g * pos
-        v = _soft(wj, a)
+        v = _soft(wj, a * sj)
         rec[j, R_W] = v
+        if uniform:
+            rec[j, R_WSTART] = G
         irec[j, RI_EVID] += 1
         irec[j, RI_UPD] += kj
         irec[j, RI_SURV] += v != 0.0  # branch-free: survival is a coin flip for the predictor
         irec[j, RI_KT] = 0
+    if uniform:
+        fstate[F_G] = G
     istate[I_RATIOS_SEEN] = seen
     istate[I_NRATIOS] = min(seen, cap)
     istate[I_RNG] = np.int64(rng)
@@ -293,18 +325,44 @@ def stsgd_close_burst(rec, irec, touched, istate, fstate, ratios, g0, informativ
 
 
 @numba.njit(cache=True, nogil=True)
+def stsgd_flush(rec, irec, fstate, acc, adagrad, delta):
+    """TRUNC_UNIFORM: apply the gravity every alive coordinate still owes, S(w_j, (G − Gl_j)·s_j), and
+    reset G = Gl_j = 0; O(p), at a burst boundary (stage ends). Exact: s_j only changes when j is
+    touched, and a touch first catches j up. A no-op when G = 0."""
+    G = fstate[F_G]
+    if G == 0.0:
+        return
+    for j in range(rec.shape[0]):
+        if irec[j, RI_KT] >= 0:
+            owed = G - rec[j, R_WSTART]
+            if owed != 0.0:
+                rec[j, R_W] = _soft(rec[j, R_W], owed * _scale(acc, j, adagrad, delta))
+        rec[j, R_WSTART] = 0.0
+    fstate[F_G] = 0.0
+
+
+@numba.njit(cache=True, nogil=True)
 def stsgd_block(indptr, indices, data, y, rows, start, rec, irec, touched, istate, fstate, ratios, eta,
-                schedule, K, g0, loss, hinge_at_one, informative, count_violations_only, fit_bias, max_bursts,
-                quantile_first_burst, beta):
+                schedule, K, g0, loss, hinge_at_one, mode, count_violations_only, fit_bias, max_bursts,
+                quantile_first_burst, beta, acc, adagrad, delta):
     """Advance one STSGD path over rows[start:] of a CSR block; returns the number of rows consumed.
 
     Bursts of K updates (ST-1, restricted to alive features) with informative counters k̃ (ST-3);
-    at each burst end touched coordinates are truncated by S(w_j, g0·k̃_j) (ST-4), or by g0·K when
-    ``informative`` is False (ST-2 on touched coordinates). Stops right after the burst that makes
-    istate[I_STAGE_BURSTS] == max_bursts (max_bursts ≤ 0: no limit) or when the rows run out (the
-    open burst then stays in the state). η_t = eta (schedule 0) or eta/√t (schedule 1), t = the
-    path's update count after increment. ``loss`` is a code of kernels.losses. ``irec`` must be
-    ``int_view(rec)``.
+    at each burst end touched coordinates are truncated by S(w_j, g0·k̃_j) (ST-4, ``mode`` 1), or by
+    g0·K (``mode`` 0: ST-2 on touched coordinates; ``mode`` 2: ST-2 on every alive coordinate, lazily).
+    Stops right after the burst that makes istate[I_STAGE_BURSTS] == max_bursts (max_bursts ≤ 0: no
+    limit) or when the rows run out (the open burst then stays in the state). η_t = eta (schedule 0) or
+    eta/√t (schedule 1), t = the path's update count after increment. ``loss`` is a code of
+    kernels.losses. ``irec`` must be ``int_view(rec)``.
+
+    AdaGrad (``adagrad``, ALGORITHMS.md §8): the step of coordinate j is η_t·g_j/(δ + √acc_j) with
+    acc_j += g_j² first (g_j = ℓ'·x_j); the bias has its own accumulator (fstate[F_BIAS_ACC]).
+
+    Uniform mode (``mode`` 2), exact lazy form of "every alive coordinate loses g0 per update": G
+    (fstate[F_G]) sums the amounts g0·pos of the closed bursts; outside a burst the w_start column of an
+    alive j holds Gl_j, the part of G already applied. Before j is read in a burst where it is not yet
+    touched it is caught up: w_j ← S(w_j, (G − Gl_j)·s_j) (C-1 composes: S(S(v,a),b) = S(v,a+b); s_j is
+    constant between touches); G does not change inside a burst. :func:`stsgd_flush` catches up all.
     """
     if K < 1:
         raise ValueError("stsgd_block: K must be >= 1")
@@ -313,17 +371,27 @@ def stsgd_block(indptr, indices, data, y, rows, start, rec, irec, touched, istat
         return 0
     cap_t = touched.shape[0]
     consumed = 0
+    uniform = mode == TRUNC_UNIFORM
     for ri in range(start, nrows):
         r = rows[ri]
         lo = indptr[r]
         hi = indptr[r + 1]
         yi = y[r]
-        # prediction on the stable set
+        # prediction on the stable set (uniform mode: catch up coordinates not yet touched in this burst)
         f = fstate[F_BIAS]
+        G = fstate[F_G]
         for q in range(lo, hi):
             j = indices[q]
-            if irec[j, RI_KT] >= 0:
-                f += rec[j, R_W] * data[q]
+            kj = irec[j, RI_KT]
+            if kj >= 0:
+                wj = rec[j, R_W]
+                if uniform and kj == 0:
+                    owed = G - rec[j, R_WSTART]
+                    if owed != 0.0:
+                        wj = _soft(wj, owed * _scale(acc, j, adagrad, delta))
+                        rec[j, R_W] = wj
+                        rec[j, R_WSTART] = G
+                f += wj * data[q]
         t = istate[I_T] + 1
         istate[I_T] = t
         fstate[F_LOSS_SUM] += loss_fn(f, yi, loss)
@@ -348,15 +416,26 @@ def stsgd_block(indptr, indices, data, y, rows, start, rec, irec, touched, istat
                         nt += 1
                         rec[j, R_WSTART] = wj
                     irec[j, RI_KT] = kj + 1
-                    rec[j, R_W] = wj - step * data[q]
+                    if adagrad:
+                        gj = d * data[q]
+                        a = acc[j] + gj * gj
+                        acc[j] = a
+                        rec[j, R_W] = wj - e * gj / (delta + math.sqrt(a))
+                    else:
+                        rec[j, R_W] = wj - step * data[q]
             istate[I_NTOUCHED] = nt
         if fit_bias:
-            fstate[F_BIAS] -= e * d
+            if adagrad:
+                ab = fstate[F_BIAS_ACC] + d * d
+                fstate[F_BIAS_ACC] = ab
+                fstate[F_BIAS] -= e * d / (delta + math.sqrt(ab))
+            else:
+                fstate[F_BIAS] -= e * d
         istate[I_POS] += 1
         consumed += 1
         if istate[I_POS] >= K:
-            stsgd_close_burst(rec, irec, touched, istate, fstate, ratios, g0, informative, quantile_first_burst,
-                              beta)
+            stsgd_close_burst(rec, irec, touched, istate, fstate, ratios, g0, mode, quantile_first_burst,
+                              beta, acc, adagrad, delta)
             if max_bursts > 0 and istate[I_STAGE_BURSTS] >= max_bursts:
                 break
     return consumed

@@ -1,0 +1,119 @@
+"""Learning at webspam width against the ground truth and LIBLINEAR, in one run (issue: models that learn at scale).
+
+    python -m benchmarks.learning [--rows 35000] [--seed 11] [--passes 3] [--workers 2] [--algos stsgd,tg,ftrl]
+                                  [--C 1,3,10,30] [--store S --truth T.npz]
+
+Synthesises a webspam-like file (16,609,143 features; its true weights are saved beside it), ingests it
+with the CLI, trains each algorithm with its DEFAULTS through the CLI (the command a user runs, whole
+process timed), and fits LIBLINEAR's exact L1-regularised logistic regression (scikit-learn's liblinear
+solver) on the same training rows in memory over a grid of C. Every model is scored on the same holdout
+blocks: error, AUC, density, the share of the true support kept (recall) and precision.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from benchmarks.common import out_dir, report, synth_file
+from benchmarks.diagnose import load_truth, support_scores
+
+
+def _matrix(store: str, split: str):
+    import scipy.sparse as sp
+
+    from pipeline.store.reader import open_store
+
+    blocks = list(open_store(store).blocks(split))
+    return sp.vstack([b.X for b in blocks]).tocsr(), np.concatenate([b.y for b in blocks])
+
+
+def _metrics(f, y):
+    from pipeline.evaluate import auc
+
+    return {"error": float(np.mean(y * f <= 0)), "auc": auc(f, y)}
+
+
+def sparsepipe_cmd(args: list[str]) -> tuple[dict, float]:
+    exe = str(Path(sys.executable).with_name("sparsepipe"))
+    t0 = time.perf_counter()
+    r = subprocess.run([exe, *args, "--json"], capture_output=True, text=True)
+    if r.returncode != 0:
+        raise RuntimeError(f"sparsepipe {' '.join(args)} failed: {r.stderr[-2000:]}")
+    return json.loads(r.stdout), time.perf_counter() - t0
+
+
+def ours(store: str, algo: str, extra: list[str], passes: int, workers: int, Xho, yho, tidx, work: Path) -> dict:
+    from pipeline.model import load_model
+
+    name = algo + ("" if not extra else " " + " ".join(extra))
+    out = work / (name.replace(" ", "_").replace("=", "-").replace("/", "_") + ".npz")
+    summary, wall = sparsepipe_cmd(["train", store, "--out", str(out), "--algo", algo, "--passes", str(passes),
+                                    "--workers", str(workers), *extra])
+    m = load_model(out)
+    w = m.dense_weights()
+    f = m.decision_function(Xho)
+    return {"model": name, **_metrics(f, yho), "density": m.density, **support_scores(w, tidx),
+            "wall_s": round(wall, 1)}
+
+
+def liblinear(Xtr, ytr, Xho, yho, tidx, C: float) -> dict:
+    from sklearn.linear_model import LogisticRegression
+
+    t0 = time.perf_counter()
+    clf = LogisticRegression(penalty="l1", solver="liblinear", C=C, tol=1e-3, max_iter=100)
+    clf.fit(Xtr, ytr)
+    w = np.asarray(clf.coef_).ravel()
+    f = Xho @ w + float(clf.intercept_[0])
+    return {"model": f"LIBLINEAR L1-LR C={C:g}", **_metrics(f, yho), "density": np.count_nonzero(w) / w.size,
+            **support_scores(w, tidx), "wall_s": round(time.perf_counter() - t0, 1)}
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rows", type=int, default=35000)
+    ap.add_argument("--seed", type=int, default=11)
+    ap.add_argument("--passes", type=int, default=3)
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--algos", default="stsgd,tg,ftrl",
+                    help="comma-separated; an entry may carry options after a colon: 'ftrl:--refit'")
+    ap.add_argument("--C", default="1,3,10,30", help="LIBLINEAR's C grid ('' skips LIBLINEAR)")
+    ap.add_argument("--store", help="use this store (with --truth) instead of synthesising one")
+    ap.add_argument("--truth")
+    a = ap.parse_args(argv)
+    work = out_dir() / "learning"
+    work.mkdir(parents=True, exist_ok=True)
+    if a.store:
+        store, truth = a.store, a.truth
+    else:
+        src = synth_file(work / f"ws_{a.rows}_{a.seed}.svm", a.rows, seed=a.seed)
+        store, truth = str(work / f"ws_{a.rows}_{a.seed}.zarr"), str(src) + ".truth.npz"
+        if not Path(store).exists():
+            sparsepipe_cmd(["ingest", str(src), "--out", store, "--workers", str(a.workers)])
+    tidx, _ = load_truth(truth)
+    Xho, yho = _matrix(store, "holdout")
+    rows = []
+    for spec in [s for s in a.algos.split(",") if s]:
+        algo, _, extra = spec.partition(":")
+        rows.append(ours(store, algo, extra.split(), a.passes, a.workers, Xho, yho, tidx, work))
+        print(json.dumps(rows[-1]), flush=True)
+    if a.C:
+        Xtr, ytr = _matrix(store, "train")
+        for C in (float(c) for c in a.C.split(",")):
+            rows.append(liblinear(Xtr, ytr, Xho, yho, tidx, C))
+            print(json.dumps(rows[-1]), flush=True)
+        del Xtr
+    ll = [r for r in rows if r["model"].startswith("LIBLINEAR")]
+    best = min(ll, key=lambda r: r["error"]) if ll else None
+    report("learning", {"store": store, "rows": a.rows, "passes": a.passes, "workers": a.workers,
+                        "liblinear_best": best, "results": rows}, rows,
+           ["model", "error", "auc", "density", "nnz", "recall", "precision", "wall_s"])
+
+
+if __name__ == "__main__":
+    main()
