@@ -32,6 +32,11 @@ demo: $(VENV)/.installed-test
 	$(BIN)/sparsepipe info $(DEMO)/store.zarr
 	$(BIN)/sparsepipe train $(DEMO)/store.zarr --out $(DEMO)/model.npz --config configs/demo.toml --workers 2
 	$(BIN)/sparsepipe evaluate $(DEMO)/model.npz $(DEMO)/store.zarr --split holdout
+	# two nights of scheduled retraining (docs/nightly.md): night 2 warm-starts from night 1 and shows the gate
+	for n in 1 2; do $(BIN)/sparsepipe synth $(DEMO)/night$$n.svm --rows 5000 --features 200000 --nnz-per-row 200 \
+	  --seed 1$$n --model-seed 1 && $(BIN)/sparsepipe retrain --config configs/nightly.toml --new $(DEMO)/night$$n.svm \
+	  --store $(DEMO)/nightly/store.zarr --registry $(DEMO)/nightly/models --workers 2 || exit 1; done
+	$(BIN)/sparsepipe registry list $(DEMO)/nightly/models
 
 bench: $(VENV)/.installed-bench
 	$(BIN)/python -m benchmarks.run_all

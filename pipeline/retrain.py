@@ -595,10 +595,12 @@ def _train(cfg: JobConfig, reg, run, st, train_keys, production, clients, say):
     warm_from = production.meta.get("registry_version") if production is not None else None
     resumed_first = None
     client = clients.train_client()
+    fit_s = ckpt_s = 0.0
     for k in range(done, passes):
         init = model if model is not None else production
         if init is not None:
             init.meta.setdefault("path", ckpt if model is not None else (production.meta.get("path") or ""))
+        t0 = time.time()
         try:
             m = fit(st.path, algo, cfg.hyper(), passes=1, paths=paths, seed=seed, client=client, init_model=init,
                     placement=tr.get("placement", "paths"), stage_blocks=int(tr.get("stage_blocks", 0)),
@@ -614,7 +616,9 @@ def _train(cfg: JobConfig, reg, run, st, train_keys, production, clients, say):
         m.meta["retrain"] = {"run": run, "passes_done": k + 1, "passes": passes, "parent": warm_from,
                              "resumed_from_parent": resumed_first if k == 0 else
                              (model.meta.get("retrain", {}).get("resumed_from_parent") if model else None)}
+        t1 = time.time()
         m.save(ckpt)
+        fit_s, ckpt_s = fit_s + (t1 - t0), ckpt_s + (time.time() - t1)
         model = m
         say("train", f"pass {k + 1}/{passes} checkpointed")
         fault("after_checkpoint")
@@ -625,5 +629,6 @@ def _train(cfg: JobConfig, reg, run, st, train_keys, production, clients, say):
     info = {"passes": passes, "paths": paths, "nnz": model.nnz, "density": model.density,
             "n_features": model.n_features, "warm_start": warm_from,
             "exact_resume": model.meta.get("retrain", {}).get("resumed_from_parent"),
-            "resumed_from_checkpoint_pass": done or None}
+            "resumed_from_checkpoint_pass": done or None, "fit_seconds": round(fit_s, 3),
+            "checkpoint_seconds": round(ckpt_s, 3)}
     return model, info

@@ -298,3 +298,8 @@ def test_retrain_without_new_trains_on_current_window(base2, tmp_path):
     cfg = load_job(os.path.join(d, "job.toml"), {"train": {"eta": 0.25}, "window": {"generations": 1}})
     code, res = run_job(cfg, [])
     assert code == EXIT_OK and res["candidate"]["version"] == 4 and res["window"]["generations"] == [2]
+
+
+def test_shipped_nightly_config_loads():
+    cfg = load_job(os.path.join(ROOT, "configs", "nightly.toml"))
+    assert cfg.algo == "tg" and cfg.gate.metric == "error" and cfg.validation.max_unseen_share == 0.5
