@@ -2,17 +2,87 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 import typer
 
-app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
-                  help="Out-of-core sparse linear learning: ingest LIBSVM text into a chunked zarr store, "
-                       "train sparse models (SGD, truncated gradient, STSGD, ...) over its blocks with Dask "
-                       "and numba, evaluate on held-out blocks.")
+# Exit codes of every command: 0 success, 1 an error in the input or the environment (one 'error: ...' line),
+# 2 a usage error (options), 3/4 retrain (another run holds the lock / validation refused), 5 a corrupt store
+# (a block does not match its manifest checksum or cannot be decoded), 130 interrupted.
+EXIT_ERROR, EXIT_USAGE, EXIT_CORRUPT = 1, 2, 5
+DEBUG_ENV = "SPARSEPIPE_DEBUG"
+
+
+class App(typer.Typer):
+    """The Typer app; an exception no command turned into a message becomes one 'error: ...' line (exit 1), or
+    its traceback with ``SPARSEPIPE_DEBUG=1`` / ``--debug``."""
+
+    def __call__(self, *args, **kwargs):
+        try:
+            return super().__call__(*args, **kwargs)
+        except (SystemExit, KeyboardInterrupt):
+            raise
+        except Exception as e:  # noqa: BLE001  the last line of defence: no traceback for users
+            if debug():
+                raise
+            code = EXIT_CORRUPT if _is_corrupt(e) else EXIT_ERROR
+            typer.echo(f"error: {one_line(e)}" + ("" if code == EXIT_CORRUPT or _is_user_error(e) else
+                                                  f" (an unexpected {type(e).__name__}; run with --debug or "
+                                                  f"{DEBUG_ENV}=1 for the traceback to report it)"), err=True)
+            sys.exit(code)
+
+
+app = App(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
+          help="Out-of-core sparse linear learning: ingest LIBSVM text into a chunked zarr store, "
+               "train sparse models (SGD, truncated gradient, STSGD, ...) over its blocks with Dask "
+               "and numba, evaluate on held-out blocks. Exit codes: 0 success, 1 error (one 'error:' line; "
+               "--debug or SPARSEPIPE_DEBUG=1 shows the traceback), 2 usage, 5 corrupt store.")
+
+
+@app.callback()
+def _main(debug_flag: bool = typer.Option(False, "--debug", help="Show Python tracebacks of errors (as "
+                                                                  "SPARSEPIPE_DEBUG=1 does), for bug reports.")):
+    if debug_flag:
+        os.environ[DEBUG_ENV] = "1"
+
+
+def debug() -> bool:
+    return os.environ.get(DEBUG_ENV, "").strip().lower() not in ("", "0", "false", "no", "off")
+
+
+def one_line(e: BaseException) -> str:
+    msg = " ".join(str(e).split()) or type(e).__name__
+    return msg if isinstance(e, _message_types()) else f"{type(e).__name__}: {msg}"
+
+
+def _message_types():
+    from pipeline.store.format import StoreError
+
+    return (StoreError, *user_errors())
+
+
+def _is_corrupt(e) -> bool:
+    from pipeline.store.reader import StoreCorruptError
+
+    return isinstance(e, StoreCorruptError)
+
+
+def _is_user_error(e) -> bool:
+    return isinstance(e, _message_types())
 
 
 def fail(msg: str, code: int = 1):
-    typer.echo(f"error: {msg}", err=True)
+    """Print 'error: MSG' (one line) on stderr and exit with ``code``; while an exception is being handled,
+    a corrupt store turns code 1 into 5 and ``--debug`` prints the traceback first."""
+    exc = sys.exc_info()[1]
+    if exc is not None:
+        if debug():
+            import traceback
+
+            traceback.print_exc()
+        if code == EXIT_ERROR and _is_corrupt(exc):
+            code = EXIT_CORRUPT
+    typer.echo(f"error: {' '.join(str(msg).split())}", err=True)
     raise typer.Exit(code)
 
 
@@ -52,7 +122,7 @@ def user_errors():
     from pipeline.model import ModelError
     from pipeline.store.format import StoreError
 
-    return (IngestError, StoreError, ModelError, ValueError, FileNotFoundError)
+    return (IngestError, StoreError, ModelError, ValueError, OSError)
 
 
 
@@ -65,3 +135,20 @@ def run_reporting(bar: Progress, fn):
         fail(str(e))
     finally:
         bar.close()
+
+
+NO_VERIFY_HELP = ("Read blocks without checking them against the manifest checksums (a corrupt block then feeds "
+                  "wrong numbers; the check is one XXH64 pass over a block's decoded arrays, once per worker when "
+                  "it caches the block). With --scheduler, remote workers check unless their environment has "
+                  "SPARSEPIPE_VERIFY=0.")
+
+
+def no_verify_option():
+    return typer.Option(False, "--no-verify", help=NO_VERIFY_HELP)
+
+
+def apply_verify(no_verify: bool) -> None:
+    """Checksum every block read by this command (and by the workers it starts) unless ``--no-verify``."""
+    from pipeline.store.reader import set_verify
+
+    set_verify(not no_verify)

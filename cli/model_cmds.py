@@ -8,7 +8,7 @@ from typing import List, Optional
 
 import typer
 
-from cli.app import Progress, app, emit_json, fail, user_errors
+from cli.app import Progress, app, apply_verify, emit_json, fail, no_verify_option, user_errors
 
 RUN_KEYS = {"algo", "passes", "paths", "seed", "workers", "scheduler", "placement", "stage_blocks", "max_density",
             "record_path", "evaluate_every", "shuffle_window"}
@@ -93,8 +93,10 @@ def train(
     settings: Optional[List[str]] = typer.Option(None, "--set", help="Any hyper-parameter of the algorithm as "
                                                                       "KEY=VALUE (repeatable), e.g. --set pi0=0.8."),
     as_json: bool = typer.Option(False, "--json", help="Print a JSON summary."),
+    no_verify: bool = no_verify_option(),
 ):
     """Train a sparse linear model over the store's training blocks; report holdout metrics per pass."""
+    apply_verify(no_verify)
     from pipeline.cluster import dask_client, default_workers
     from pipeline.model import load_model
     from pipeline.train import fit
@@ -206,8 +208,10 @@ def evaluate(
     workers: Optional[int] = typer.Option(None, min=1, help="Local cluster processes (default: in-process)."),
     scheduler: Optional[str] = typer.Option(None, help="Join an existing Dask scheduler."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+    no_verify: bool = no_verify_option(),
 ):
     """Error rate, AUC, log-loss, hinge (RMSE for regression), non-zeros and density of MODEL on STORE."""
+    apply_verify(no_verify)
     from pipeline.cluster import dask_client
     from pipeline.evaluate import evaluate_store
     from pipeline.model import load_model
@@ -238,8 +242,10 @@ def predict(
     input: Path = typer.Argument(..., help="LIBSVM text file or a store (all blocks, row order)."),
     out: Path = typer.Option(..., "--out", "-o", help="Output: one line per row, 'label score'."),
     zero_based: bool = typer.Option(False, "--zero-based", help="LIBSVM input indices start at 0."),
+    no_verify: bool = no_verify_option(),
 ):
     """Scores and predicted labels for every row of INPUT."""
+    apply_verify(no_verify)
     from pipeline.model import load_model
     from pipeline.predict import predict_to_file
 

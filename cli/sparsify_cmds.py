@@ -6,7 +6,7 @@ from typing import Optional
 
 import typer
 
-from cli.app import app, emit_json, fail, user_errors
+from cli.app import app, apply_verify, emit_json, fail, no_verify_option, user_errors
 
 
 @app.command()
@@ -24,8 +24,10 @@ def sparsify(
                                                "until nnz distinct coordinates (nnz exact)."),
     seed: int = typer.Option(0, help="Seed of the draws."),
     as_json: bool = typer.Option(False, "--json", help="Print a JSON summary."),
+    no_verify: bool = no_verify_option(),
 ):
     """Turn MODEL into a sparse model by randomized sparsification; records what it did in the model's meta."""
+    apply_verify(no_verify)
     from pipeline.model import load_model
     from pipeline.sparsify import sparsify_model
 

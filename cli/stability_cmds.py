@@ -6,7 +6,7 @@ from typing import List, Optional
 
 import typer
 
-from cli.app import app, emit_json, fail, user_errors
+from cli.app import app, apply_verify, emit_json, fail, no_verify_option, user_errors
 
 
 @app.command()
@@ -23,8 +23,10 @@ def stability(
                                                          "(default: the holdout blocks of STORE)."),
     settings: Optional[List[str]] = typer.Option(None, "--set", help="Hyper-parameter KEY=VALUE (repeatable)."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+    no_verify: bool = no_verify_option(),
 ):
     """Selection stability of ALGO: mean ± sd of error and density and mean pairwise Cohen's kappa."""
+    apply_verify(no_verify)
     from pipeline.algorithms import parse_setting
     from pipeline.cluster import dask_client
     from pipeline.stability import stability_runs

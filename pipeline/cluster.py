@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 
 import dask
@@ -29,9 +30,11 @@ def dask_client(workers: int | None = None, scheduler: str | None = None, client
             yield c
         return
     n = workers or default_workers()
-    with dask.config.set({"distributed.nanny.pre-spawn-environ": worker_environ()}), \
+    env = {**worker_environ(), "DASK_LOGGING__DISTRIBUTED": logging.getLevelName(worker_log_level()).lower()}
+    with dask.config.set({"distributed.nanny.pre-spawn-environ": env}), \
             LocalCluster(n_workers=n, threads_per_worker=1, processes=True, host="127.0.0.1",
-                         dashboard_address="127.0.0.1:0", silence_logs=40) as cluster, Client(cluster) as c:
+                         dashboard_address="127.0.0.1:0", silence_logs=worker_log_level()) as cluster, \
+            Client(cluster) as c:
         yield c
 
 
@@ -45,3 +48,10 @@ def worker_environ() -> dict:
     env = dict(dask.config.get("distributed.nanny.pre-spawn-environ", {}))
     env.pop("MALLOC_TRIM_THRESHOLD_", None)
     return env
+
+def worker_log_level() -> int:
+    """Log level of the embedded cluster's processes: CRITICAL, so a task's error reaches the user once, as the
+    command's one-line message, not also as a worker's 'Compute Failed' traceback; ERROR with
+    ``SPARSEPIPE_DEBUG=1`` (bug reports)."""
+    debug = os.environ.get("SPARSEPIPE_DEBUG", "").strip().lower() not in ("", "0", "false", "no", "off")
+    return logging.ERROR if debug else logging.CRITICAL

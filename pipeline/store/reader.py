@@ -6,13 +6,43 @@ from dataclasses import dataclass
 from functools import cached_property
 
 import numpy as np
-import scipy.sparse as sp
 
-from pipeline.store import checksum
 from pipeline.store import format as fmt
-from pipeline.store import stats
+
+# scipy.sparse, the numba checksum and statistics modules are imported where they are used: a command
+# that reads only the manifest (info) or only raw arrays does not pay for them.
 
 SPLITS = ("train", "holdout", "all")
+ARRAYS = ("indptr", "indices", "data", "labels")
+VERIFY_ENV = "SPARSEPIPE_VERIFY"
+
+
+class StoreCorruptError(fmt.StoreError):
+    """A block whose arrays do not match the manifest (checksum, lengths) or cannot be decoded; the message
+    names the store, the block key, the source lines it holds and what to do. The CLI exits with code 5."""
+
+
+def verify_default() -> bool:
+    """Whether blocks are checked against their manifest checksum on read: yes unless the environment has
+    ``SPARSEPIPE_VERIFY=0`` (set by ``--no-verify``; inherited by the workers of an embedded cluster)."""
+    return os.environ.get(VERIFY_ENV, "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+def set_verify(on: bool) -> None:
+    """Turn read verification on or off for this process and the worker processes it starts afterwards."""
+    os.environ[VERIFY_ENV] = "1" if on else "0"
+
+
+def corrupt(store: str, entry: dict, cause: str, sources: list | None = None) -> StoreCorruptError:
+    """A :class:`StoreCorruptError` naming the store, the block, its source (file and byte range or first
+    line), the cause and the remedy."""
+    src = entry.get("source")
+    name = sources[src]["path"] if sources and isinstance(src, int) and 0 <= src < len(sources) else f"source {src}"
+    rng = entry.get("byte_range")
+    where = (f"bytes {rng[0]}-{rng[1]} of {name}" if rng else f"{name} from line {entry.get('first_line')}")
+    return StoreCorruptError(
+        f"{store}: block {entry.get('key')} ({where}) is corrupt: {cause}; re-ingest that source or restore "
+        f"the store from a copy (`sparsepipe verify {store}` lists every bad block; --no-verify reads it anyway)")
 
 
 @dataclass
@@ -23,10 +53,46 @@ class Block:
     path: str
     entry: dict
     n_features: int
+    store: str = ""
+    sources: list | None = None
+    check: bool | None = None  # verify the checksum on read (None: :func:`verify_default`)
+
+    def error(self, cause: str) -> StoreCorruptError:
+        return corrupt(self.store or os.path.dirname(os.path.dirname(self.path)), self.entry, cause, self.sources)
+
+    @cached_property
+    def _raw(self):
+        """The four arrays as stored, with their lengths checked against the manifest (rows, nnz); a missing
+        or undecodable array is a :class:`StoreCorruptError`."""
+        if not os.path.isdir(self.path) and "://" not in self.path:
+            raise self.error("its directory is missing")
+        arrays = []
+        for n in ARRAYS:
+            try:
+                arrays.append(fmt.read_array(self.path, n))
+            except Exception as e:  # a blosc, zarr or OS error: all mean the chunk cannot be read back
+                raise self.error(f"array '{n}' cannot be read ({type(e).__name__}: {str(e) or 'no detail'})") from e
+        indptr, indices, data, labels = arrays
+        rows, nnz = int(self.entry["rows"]), int(self.entry["nnz"])
+        for n, a, want in (("indptr", indptr, rows + 1), ("indices", indices, nnz), ("data", data, nnz),
+                           ("labels", labels, rows)):
+            chunks = os.path.join(self.path, n, "c")
+            if want and not (os.path.isdir(chunks) and os.listdir(chunks)):  # zarr would read the fill value
+                raise self.error(f"array '{n}' has no chunk file")
+            if a.ndim != 1 or a.shape[0] != want:
+                raise self.error(f"array '{n}' has {a.shape[0] if a.ndim == 1 else a.shape} entries, the manifest "
+                                 f"says {want}")
+        return tuple(arrays)
 
     @cached_property
     def _arrays(self):
-        return tuple(fmt.read_array(self.path, n) for n in ("indptr", "indices", "data", "labels"))
+        arrays = self._raw
+        if (verify_default() if self.check is None else self.check) and "checksum" in self.entry:
+            from pipeline.store import checksum
+
+            if not checksum.matches(self.entry["checksum"], *arrays):
+                raise self.error("its arrays do not match the manifest checksum")
+        return arrays
 
     @property
     def indptr(self) -> np.ndarray:
@@ -58,20 +124,27 @@ class Block:
         return int(self.entry["rows"])
 
     @property
-    def X(self) -> sp.csr_matrix:
+    def X(self):
+        """scipy.sparse.csr_matrix of the block (full width)."""
+        import scipy.sparse as sp
+
         return sp.csr_matrix((self.data, self.indices, self.indptr), shape=(self.n_rows, self.n_features))
 
     def verify(self) -> bool:
-        """True when the arrays' checksum equals the manifest's (XXH64, or crc32 in older stores)."""
-        return checksum.matches(self.entry["checksum"], self.indptr, self.indices, self.data, self.raw_labels)
+        """True when the arrays' checksum equals the manifest's (XXH64, or crc32 in older stores); raises
+        :class:`StoreCorruptError` when an array is missing, undecodable or of the wrong length."""
+        from pipeline.store import checksum
+
+        return checksum.matches(self.entry["checksum"], *self._raw)
 
 
 class Store:
     """A committed block store; everything is read through the manifest."""
 
-    def __init__(self, path: str):
+    def __init__(self, path: str, verify: bool | None = None):
         self.path = os.fspath(path).rstrip("/")
         self.manifest = fmt.read_manifest(self.path)
+        self.verify = verify  # checksum every block read (None: :func:`verify_default`, i.e. yes)
 
     @property
     def n_features(self) -> int:
@@ -110,7 +183,8 @@ class Store:
             e = next((b for b in self.manifest["blocks"] if b["key"] == e), None)
             if e is None:
                 raise KeyError(f"{self.path}: no block {entry_or_key!r} in the manifest")
-        return Block(e["key"], f"{self.path}/blocks/{e['key']}", e, self.n_features)
+        return Block(e["key"], f"{self.path}/blocks/{e['key']}", e, self.n_features, self.path,
+                     self.manifest.get("sources"), self.verify)
 
     def blocks(self, split: str = "train"):
         """Yield the blocks of ``split`` in row order."""
@@ -119,6 +193,8 @@ class Store:
 
     def feature_stats(self) -> dict:
         """Per-feature non-zero counts and sums of squares over the training split (length n_features)."""
+        from pipeline.store import stats
+
         col_nnz, col_sumsq = stats.dense_stats(f"{self.path}/{self.manifest['stats']}", self.n_features)
         return {"col_nnz": col_nnz, "col_sumsq": col_sumsq, "n_rows": sum(e["rows"] for e in self.entries("train"))}
 
@@ -131,8 +207,7 @@ class Store:
         p = self.n_features
         parts = []
         for e in self.entries(split):
-            blk = self.block(e)
-            d = dask.delayed(_gcxs)(blk.path, e["rows"], p)
+            d = dask.delayed(_gcxs)(self.block(e))
             meta = sparse.GCXS.from_numpy(np.zeros((0, p), dtype=np.dtype(self.manifest["data_dtype"])))
             parts.append(da.from_delayed(d, shape=(e["rows"], p), dtype=meta.dtype, meta=meta))
         return da.concatenate(parts, axis=0) if parts else da.zeros((0, p))
@@ -145,15 +220,18 @@ class Store:
                                                dtype=np.float64) for e in self.entries(split)])
 
 
-def _gcxs(path: str, rows: int, p: int):
+def _gcxs(block: Block):
     import sparse
 
-    indptr, indices, data = (fmt.read_array(path, n) for n in ("indptr", "indices", "data"))
-    return sparse.GCXS((data, indices, indptr), shape=(rows, p), compressed_axes=(0,))
+    return sparse.GCXS((block.data, block.indices, block.indptr), shape=(block.n_rows, block.n_features),
+                       compressed_axes=(0,))
 
 
-def open_store(path) -> Store:
-    """Open a committed store for reading (raises StoreError naming the path when it is not one)."""
+def open_store(path, verify: bool | None = None) -> Store:
+    """Open a committed store for reading (raises StoreError naming the path when it is not one). Its blocks
+    are checked against the manifest checksums as they are read unless ``verify`` is False (None: yes, unless
+    ``SPARSEPIPE_VERIFY=0``)."""
     if not os.path.isdir(path):
-        raise fmt.StoreError(f"{path}: no such store")
-    return Store(path)
+        raise fmt.StoreError(f"{path}: no such store" if not os.path.exists(path) else f"{path}: not a store "
+                             "(a file; a store is a directory made by `sparsepipe ingest`)")
+    return Store(path, verify)
