@@ -75,24 +75,28 @@ class BlockCache:
     """
 
     def __init__(self):
+        import threading
         from collections import OrderedDict
 
         self.items = OrderedDict()
         self.nbytes = 0
+        self.lock = threading.Lock()  # tasks of the in-process executor share one cache
 
     def get(self, key, loader, budget: int):
-        hit = self.items.get(key)
-        if hit is not None:
-            self.items.move_to_end(key)
-            return hit
+        with self.lock:
+            hit = self.items.get(key)
+            if hit is not None:
+                self.items.move_to_end(key)
+                return hit
         value = loader()
         size = sum(a.nbytes for a in value)
-        if size <= budget:
-            while self.nbytes + size > budget and self.items:
-                _, old = self.items.popitem(last=False)
-                self.nbytes -= sum(a.nbytes for a in old)
-            self.items[key] = value
-            self.nbytes += size
+        with self.lock:
+            if size <= budget and key not in self.items:
+                while self.nbytes + size > budget and self.items:
+                    _, old = self.items.popitem(last=False)
+                    self.nbytes -= sum(a.nbytes for a in old)
+                self.items[key] = value
+                self.nbytes += size
         return value
 
 
@@ -217,6 +221,12 @@ class LocalExec:
     def first(self, x, i):
         return x[i]
 
+    def put(self, x):
+        return x
+
+
+LARGE_ARG = 1 << 20  # bytes: a larger client-side value goes to the workers as scattered data, not in a graph
+
 
 class DaskExec:
     def __init__(self, client):
@@ -224,6 +234,13 @@ class DaskExec:
 
     def submit(self, fn, *args):
         return self.client.submit(fn, *args, pure=False)
+
+    def put(self, x):
+        """``x`` (a dict of arrays) as scattered data when large (a 16.6M-feature global state is 16 MB: inside
+        a graph it draws Dask's "Sending large graph" warning); broadcast, so a lost worker loses no copy."""
+        if isinstance(x, dict) and sum(getattr(v, "nbytes", 0) for v in x.values()) > LARGE_ARG:
+            return self.client.scatter([x], broadcast=True, hash=False)[0]
+        return x
 
     def result(self, x):
         return x.result()
@@ -290,24 +307,26 @@ def run_stages(ex, algo: Algorithm, states: list, gstate: dict, data: DataRef, s
     stage = 0
     t_start = time.time()
     passes = _passes(ex, states)
+    gref = ex.put(gstate)
     while True:
         if min(passes) >= spec.end_pass or (max_stages is not None and stage >= max_stages):
             break
         t0 = time.time()
-        before = (states, gstate, decision)
+        before = (states, gstate, gref, decision)
         states = [ex.submit(advance_task, algo, states[m], data, spec, m) for m in range(M)]
         summaries = [ex.submit(summarize_task, algo, s) for s in states]
         total = tree(ex, summaries, _combine, algo)
-        out = ex.submit(decide_task, algo, total, gstate, M)
+        out = ex.submit(decide_task, algo, total, gref, M)
         decision = ex.first(out, 0)
-        gstate = ex.result(ex.first(out, 1))
+        gref = ex.first(out, 1)  # the next stage reads it where it was made, not from the client
+        gstate = ex.result(gref)
         diag = ex.result(ex.first(out, 2))
         if spec.max_density is not None and diag.get("density", 0.0) > spec.max_density:
             history.append({"stage": stage + 1, "stopped": "max_density", **diag})
-            if before[2] is None:
+            if before[3] is None:
                 raise ValueError(f"the model exceeds --max-density {spec.max_density} after its first stage "
                                  f"(density {diag['density']:.4g}); increase the bound or the sparsity")
-            states, gstate, decision = before
+            states, gstate, gref, decision = before
             break
         states = [ex.submit(apply_task, algo, s, decision) for s in states]
         passes = _passes(ex, states)

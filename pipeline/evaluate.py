@@ -27,14 +27,28 @@ def merge_partials(a: dict, b: dict) -> dict:
 
 def auc(f: np.ndarray, y: np.ndarray) -> float:
     """Area under the ROC curve (Mann-Whitney with average ranks for ties); NaN with one class only."""
-    from scipy.stats import rankdata
-
     pos = y > 0
     n1, n0 = int(pos.sum()), int((~pos).sum())
-    if n1 == 0 or n0 == 0:
+    if n1 == 0 or n0 == 0 or np.isnan(f).any():
         return float("nan")
-    r = rankdata(f)
+    r = average_ranks(f)
     return float((r[pos].sum() - n1 * (n1 + 1) / 2) / (n1 * n0))
+
+
+def average_ranks(f: np.ndarray) -> np.ndarray:
+    """Ranks 1..n of ``f``, ties sharing their average rank: scipy.stats.rankdata(f) without importing
+    scipy.stats (~0.5 s of a short command)."""
+    n = f.shape[0]
+    order = np.argsort(f, kind="mergesort")
+    fs = f[order]
+    new = np.empty(n, dtype=bool)
+    new[:1] = True
+    np.not_equal(fs[1:], fs[:-1], out=new[1:])
+    starts = np.flatnonzero(new)
+    ends = np.append(starts[1:], n)
+    r = np.empty(n, dtype=np.float64)
+    r[order] = (0.5 * (starts + ends + 1))[np.cumsum(new) - 1]
+    return r
 
 
 def metrics_from_partial(part: dict, kind: str = "binary") -> dict:

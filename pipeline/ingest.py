@@ -141,7 +141,14 @@ class _ZstdStream:
         self.raw.close()
 
 
+def _local(path: str) -> bool:
+    """A plain local path (no URL, no fsspec chain): read with the os directly, fsspec is not imported."""
+    return "://" not in path and "::" not in path
+
+
 def _open(path: str, compression: str | None = None):
+    if compression is None and _local(path):
+        return open(os.path.expanduser(path), "rb")
     import fsspec
 
     if compression == "zstd":
@@ -154,10 +161,12 @@ def _open(path: str, compression: str | None = None):
 
 
 def file_size(path: str) -> int:
-    import fsspec
-
-    fs, p = fsspec.core.url_to_fs(path)
     try:
+        if _local(path):
+            return os.path.getsize(os.path.expanduser(path))
+        import fsspec
+
+        fs, p = fsspec.core.url_to_fs(path)
         return int(fs.size(p))
     except FileNotFoundError:
         raise IngestError(f"{path}: no such file") from None
@@ -475,7 +484,7 @@ def ingest(inputs: list[str], out: str, options: IngestOptions | None = None, *,
 
 
 def _run_tasks(c, root, tasks, o, total_bytes, progress):
-    from distributed import as_completed
+    from pipeline.cluster import as_completed
 
     opts = asdict(o)
     futs = [c.submit(parse_task, root, t, opts, key=f"parse-{t.keys[0]}-{uuid.uuid4().hex[:6]}", pure=False)
@@ -483,7 +492,7 @@ def _run_tasks(c, root, tasks, o, total_bytes, progress):
     pos = {f.key: i for i, f in enumerate(futs)}
     results = [None] * len(futs)
     done_bytes = done_rows = 0
-    for fut in as_completed(futs):
+    for fut in as_completed(c, futs):
         try:
             res = fut.result()
         except IngestError:

@@ -18,7 +18,6 @@ import tempfile
 from dataclasses import dataclass, field
 
 import numpy as np
-import scipy.sparse as sp
 
 FORMAT = "sparsepipe-model"
 FORMAT_VERSION = 1
@@ -48,8 +47,10 @@ class Model:
         return self.nnz / self.n_features if self.n_features else 0.0
 
     @property
-    def coef(self) -> sp.csr_matrix:
+    def coef(self):
         """Weights as a 1 x n_features scipy.sparse row."""
+        import scipy.sparse as sp
+
         return sp.csr_matrix((self.coef_values, self.coef_indices, [0, self.nnz]), shape=(1, self.n_features))
 
     @property
@@ -64,6 +65,8 @@ class Model:
 
     def decision_function(self, X) -> np.ndarray:
         """w·x + b for each row of a scipy.sparse matrix or dense array; columns beyond the model are ignored."""
+        import scipy.sparse as sp
+
         X = sp.csr_matrix(X)
         if X.shape[1] > self.n_features:
             X = X[:, : self.n_features]

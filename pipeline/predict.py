@@ -10,9 +10,7 @@ from pipeline.formats import libsvm
 CHUNK = 32 << 20
 
 
-def _rows_of_text(path: str, zero_based: bool, n_features: int):
-    import scipy.sparse as sp
-
+def _rows_of_text(path: str, zero_based: bool):
     line0 = 0
     with open(path, "rb") as f:
         for buf in libsvm.line_chunks(f, CHUNK):
@@ -21,8 +19,7 @@ def _rows_of_text(path: str, zero_based: bool, n_features: int):
                 ln, col, code = p.errors[0]
                 raise ValueError(f"{path}:{line0 + ln + 1}:{col}: {libsvm.ERROR_MESSAGES[code]}")
             line0 += p.n_lines
-            width = max(n_features, p.max_index)
-            yield sp.csr_matrix((p.data, p.indices, p.indptr), shape=(p.n_rows, width))
+            yield p.indptr, p.indices, p.data
 
 
 def predict_to_file(model, input_path: str, out_path: str, zero_based: bool = False) -> int:
@@ -30,15 +27,19 @@ def predict_to_file(model, input_path: str, out_path: str, zero_based: bool = Fa
     if os.path.isdir(input_path):
         from pipeline.store.reader import open_store
 
-        mats = (b.X for b in open_store(input_path).blocks("all"))
+        mats = ((b.indptr, b.indices, b.data) for b in open_store(input_path).blocks("all"))
     else:
-        mats = _rows_of_text(input_path, zero_based, model.n_features)
+        mats = _rows_of_text(input_path, zero_based)
+    from pipeline.kernels.sgd import predict_block
+
+    w = model.dense_weights()  # once, not per block; columns beyond the model count 0 (as decision_function)
     tmp = out_path + ".tmp"
     n = 0
     regression = model.meta.get("label_kind") == "regression"
     with open(tmp, "w", encoding="utf-8") as f:
-        for X in mats:
-            s = model.decision_function(X)
+        for indptr, indices, data in mats:
+            s = np.empty(indptr.shape[0] - 1, dtype=np.float64)
+            predict_block(indptr, indices, data, w, float(model.bias), s)
             lab = s if regression else np.where(s > 0, 1, -1)
             f.write("".join(f"{a:g} {b:.9g}\n" if regression else f"{a:+d} {b:.9g}\n" for a, b in zip(lab, s)))
             n += s.shape[0]

@@ -20,8 +20,6 @@ import os
 import shutil
 
 import numpy as np
-import zarr
-from zarr.codecs import BloscCodec, BloscShuffle
 
 from pipeline.store import codec
 
@@ -30,8 +28,18 @@ FORMAT_VERSION = 2  # 2: sparse feature statistics (version 1 stores, dense, are
 ATTR = "sparsepipe"
 
 # Block arrays: blosc-lz4 with byte shuffle. pipeline.store.codec's settings serve zarr's codec, the direct
-# writer's encoder and its zarr.json entry.
-_COMPRESSORS = (BloscCodec(cname=codec.CNAME, clevel=codec.CLEVEL, shuffle=BloscShuffle.shuffle),)
+# writer's encoder and its zarr.json entry. zarr itself is imported only where it is used (the direct
+# reader and writer cover the store's own arrays): importing it costs a short command ~0.3 s.
+def _compressors() -> tuple:
+    from zarr.codecs import BloscCodec, BloscShuffle
+
+    return (BloscCodec(cname=codec.CNAME, clevel=codec.CLEVEL, shuffle=BloscShuffle.shuffle),)
+
+
+def __getattr__(name):
+    if name == "_COMPRESSORS":
+        return _compressors()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 class StoreError(Exception):
@@ -75,8 +83,10 @@ def write_array(group_path: str, name: str, arr: np.ndarray, chunk: int | None =
     if chunk is None or chunk >= arr.shape[0]:
         _write_one_chunk(os.path.join(group_path, name), np.ascontiguousarray(arr), compress)
         return
+    import zarr
+
     z = zarr.create_array(store=group_path, name=name, shape=arr.shape, dtype=arr.dtype, chunks=(chunk,),
-                          compressors=_COMPRESSORS if compress else None, overwrite=True)
+                          compressors=_compressors() if compress else None, overwrite=True)
     z[:] = arr
 
 
@@ -113,6 +123,8 @@ def read_array(group_path: str, name: str, out: np.ndarray | None = None) -> np.
     otherwise it is ignored."""
     arr = _read_one_chunk(os.path.join(group_path, name), out)
     if arr is None:
+        import zarr
+
         arr = zarr.open_array(store=group_path, path=name, mode="r")[...]
     return arr
 
@@ -150,7 +162,13 @@ def _read_one_chunk(path: str, out: np.ndarray | None = None) -> np.ndarray | No
 def make_group(path: str, attrs: dict | None = None) -> None:
     """Create the zarr v3 group ``path`` with ``attrs`` (a new one directly, as zarr writes it)."""
     meta = os.path.join(path, "zarr.json")
+    if "://" not in path and os.path.exists(meta):
+        with open(meta, encoding="utf-8") as f:
+            if json.load(f).get("node_type") == "group":
+                return  # zarr's open_group(mode="a") would open it and leave its attributes as they are
     if os.path.exists(meta) or "://" in path:
+        import zarr
+
         zarr.open_group(store=path, mode="a", zarr_format=3, attributes=attrs or {})
         return
     os.makedirs(path, exist_ok=True)
