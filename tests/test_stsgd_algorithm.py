@@ -14,7 +14,7 @@ from tests.test_engine import same_model as same
 
 # the paper's rules (informative truncation, adaptive gravity), which the tests below exercise
 OPTS = {"eta": 0.05, "K": 4, "n_K": 8, "tol": 0.0, "gamma": -1.0, "pi0": 0.6, "beta0": 0.5,
-        "truncation": "informative", "gravity": "adaptive"}
+        "truncation": "informative", "gravity": "adaptive", "bias_adagrad": False}
 # the defaults' rules at scale (uniform lazy truncation, L1 gravity, AdaGrad steps)
 SCALE = {"eta": 0.05, "K": 4, "tol": 0.0, "pi0": 0.6, "truncation": "uniform", "gravity": "l1", "l1": 1e-3,
          "adagrad": True, "adagrad_delta": 0.01}

@@ -83,7 +83,7 @@ def ref_stsgd(X, y, rows, p, *, eta=0.1, schedule=1, K=5, g0=0.0, loss=LOGISTIC,
             new = kt[idx] == 0
             ws[idx[new]] = w[idx[new]]
             kt[idx] += 1
-            if adagrad:
+            if adagrad == 1:  # K_.ADA_ALL; 2 (K_.ADA_BIAS) is the bias alone
                 gj = d * vals
                 acc[idx] += gj * gj
                 w[idx] -= e * gj / (delta + np.sqrt(acc[idx]))
@@ -99,7 +99,7 @@ def ref_stsgd(X, y, rows, p, *, eta=0.1, schedule=1, K=5, g0=0.0, loss=LOGISTIC,
         consumed += 1
         if pos == K:
             T = np.flatnonzero(kt)
-            sc = 1.0 / (delta + np.sqrt(acc)) if adagrad else np.ones(p)
+            sc = 1.0 / (delta + np.sqrt(acc)) if adagrad == 1 else np.ones(p)
             rr = np.abs(w[T] - ws[T]) / (kt[T] * sc[T])
             g = g0
             if quantile_first_burst:
@@ -279,17 +279,18 @@ def test_features_absent_from_burst_are_not_truncated():
     dict(g0=0.02, adagrad=True, fit_bias=True),
     dict(g0=0.02, adagrad=True, mode=2, K=4, delta=0.1),
     dict(g0=0.05, adagrad=True, mode=0, schedule=0, loss=SQUARED),
+    dict(g0=0.0004, adagrad=K_.ADA_BIAS, mode=2, fit_bias=True, schedule=0, eta=0.5),
 ])
 def test_kernel_matches_reference(cfg):
     X, y = make_data(n=90, p=20, seed=3)
     p = X.shape[1]
     rng = np.random.default_rng(7)
     rows = rng.permutation(X.shape[0])
-    st = new_state(p, ratio_capacity=10_000, adagrad=cfg.get("adagrad", False))
+    ada = cfg.get("adagrad", False) == K_.ADA_ALL
+    st = new_state(p, ratio_capacity=10_000, adagrad=ada)
     consumed = run(X, y, rows, st, **cfg)
-    assert_matches_ref(st, ref_stsgd(X, y, rows, p, **cfg), consumed, cfg.get("adagrad", False),
-                       cfg.get("delta", 1.0))
-    if cfg.get("mode") == 2 and cfg.get("g0", 0) > 0 and not cfg.get("adagrad"):
+    assert_matches_ref(st, ref_stsgd(X, y, rows, p, **cfg), consumed, ada, cfg.get("delta", 1.0))
+    if cfg.get("mode") == 2 and cfg.get("g0", 0) > 0 and not ada:
         cu = caught_up_w(st)
         assert np.any(cu != st["w"]) and np.any(cu != 0)  # gravity was owed lazily; the model is not all zero
 

@@ -98,6 +98,7 @@ class STSGDParams:
     l1: float = 1e-5                # λ of gravity "l1": g0 = η_t·λ (η_t at the stage start for "sqrt")
     adagrad: bool = False           # per-coordinate steps η_t/(δ + √Σg_j²) (ALGORITHMS.md §8); gravity scales too
     adagrad_delta: float = 1.0      # δ of AdaGrad
+    bias_adagrad: bool = True       # AdaGrad step for the bias alone (its value 1 dwarfs a normalised row's) [R]
     stability: bool = True          # False: no purging (no stable set)
     fixed_gravity: float | None = None  # constant g0 for every stage (no ST-9/ST-10); None/0 = adaptive
     count_violations_only: bool = False  # k̃ counts only rows with ℓ' ≠ 0 (the R hinge code)
@@ -182,6 +183,11 @@ class STSGD(Algorithm):
         eta = p.eta / math.sqrt(updates + 1) if p.schedule != "constant" else p.eta
         return eta * p.l1
 
+    @property
+    def _ada(self) -> int:
+        p = self.params
+        return KS.ADA_ALL if p.adagrad else KS.ADA_BIAS if p.bias_adagrad else KS.ADA_OFF
+
     def init_path(self, n_features, path):
         s = KS.new_path_state(n_features, ratio_capacity=self.params.ratio_capacity, seed=1 + path,
                               adagrad=self.params.adagrad)
@@ -193,7 +199,7 @@ class STSGD(Algorithm):
         old = state["rec"].shape[0]
         out = super().resize(state, n_features)
         if n_features > old:  # new columns enter the stable set (k̃ = 0), with w = 0 and zero counters
-            out["touched"] = np.zeros(n_features, dtype=np.int64)
+            out["touched"] = np.zeros(n_features, dtype=state["touched"].dtype)
             out["rec"] = np.pad(state["rec"], [(0, n_features - old), (0, 0)])
             if state["acc"].shape[0] > 1:
                 out["acc"] = np.pad(state["acc"], (0, n_features - old))
@@ -225,7 +231,7 @@ class STSGD(Algorithm):
             indptr, indices, data, y, rows, start, rec, KS.int_view(rec), state["touched"], state["istate"],
             state["fstate"], state["ratios"], p.eta, SCHEDULES[p.schedule], int(c[C_K]), c[C_G0],
             LOSS_CODES[p.loss], p.hinge_at_one, TRUNCATIONS[p.truncation], p.count_violations_only, p.fit_bias,
-            p.n_K, bool(c[C_QUANT]), c[C_BETA], state["acc"], p.adagrad, p.adagrad_delta)
+            p.n_K, bool(c[C_QUANT]), c[C_BETA], state["acc"], self._ada, p.adagrad_delta)
         done = p.n_K > 0 and state["istate"][KS.I_STAGE_BURSTS] >= p.n_K
         return int(consumed), bool(done)
 

@@ -25,7 +25,7 @@ array          dtype / shape                meaning
                                             truncation
   ``irec[:, 7]``  int32  (RI_UPD)           κ: Σ k̃_j over the bursts of this stage (≤ the rows of
                                             one pass: stages never cross a pass boundary)
-``touched``    int64[cap_t]                 features with k̃_j > 0 in the open burst, first-touch
+``touched``    int32[cap_t]                 features with k̃_j > 0 in the open burst, first-touch
                                             order; fill count istate[I_NTOUCHED]. cap_t must be ≥ the
                                             number of distinct alive features a burst can touch
                                             (p is always enough; K·max row nnz also); overflow raises
@@ -107,6 +107,11 @@ TRUNC_TOUCHED = 0      # ST-2 on the burst's touched coordinates: g0·(updates i
 TRUNC_INFORMATIVE = 1  # ST-4: S(w_j, g0·k̃_j) on touched coordinates
 TRUNC_UNIFORM = 2      # ST-2 on EVERY alive coordinate (TG's rule), lazily through G and Gl_j
 
+# AdaGrad codes (the ``adagrad`` argument; False/True of older callers are ADA_OFF/ADA_ALL)
+ADA_OFF = 0   # global step η_t everywhere
+ADA_ALL = 1   # per-coordinate steps for every feature and the bias
+ADA_BIAS = 2  # the bias only (its "feature" is 1 while a normalised row's values are ~1/√nnz)
+
 SCHEDULE_CONSTANT = 0
 SCHEDULE_INVSQRT = 1
 
@@ -139,7 +144,7 @@ def new_path_state(p, ratio_capacity=1 << 16, touched_capacity=None, seed=0, ada
     istate[I_RNG] = np.int64(seed & 0x7FFFFFFFFFFFFFFF)
     return {
         "rec": np.zeros((p, 4), dtype=np.float64),
-        "touched": np.zeros(max(cap_t, 1), dtype=np.int64),
+        "touched": np.zeros(max(cap_t, 1), dtype=np.int32),  # feature ids < 2^31 (the store's int32 indices)
         "istate": istate,
         "fstate": np.zeros(FSTATE_SIZE, dtype=np.float64),
         "ratios": np.zeros((max(int(ratio_capacity), 1), 2), dtype=np.float64),
@@ -237,8 +242,8 @@ def _quantile_rank(beta, n):
 
 @numba.njit(cache=True, nogil=True, inline="always")
 def _scale(acc, j, adagrad, delta):
-    """Per-coordinate step factor: 1/(δ + √acc_j) with AdaGrad (ALGORITHMS.md §8), else 1."""
-    if adagrad:
+    """Per-coordinate step factor: 1/(δ + √acc_j) with AdaGrad on the features (ALGORITHMS.md §8), else 1."""
+    if adagrad == ADA_ALL:
         return 1.0 / (delta + math.sqrt(acc[j]))
     return 1.0
 
@@ -355,8 +360,9 @@ def stsgd_block(indptr, indices, data, y, rows, start, rec, irec, touched, istat
     eta/√t (schedule 1), t = the path's update count after increment. ``loss`` is a code of
     kernels.losses. ``irec`` must be ``int_view(rec)``.
 
-    AdaGrad (``adagrad``, ALGORITHMS.md §8): the step of coordinate j is η_t·g_j/(δ + √acc_j) with
-    acc_j += g_j² first (g_j = ℓ'·x_j); the bias has its own accumulator (fstate[F_BIAS_ACC]).
+    AdaGrad (``adagrad`` = ADA_ALL, ALGORITHMS.md §8): the step of coordinate j is η_t·g_j/(δ + √acc_j)
+    with acc_j += g_j² first (g_j = ℓ'·x_j); the bias has its own accumulator (fstate[F_BIAS_ACC]), also
+    used alone with ADA_BIAS.
 
     Uniform mode (``mode`` 2), exact lazy form of "every alive coordinate loses g0 per update": G
     (fstate[F_G]) sums the amounts g0·pos of the closed bursts; outside a burst the w_start column of an
@@ -416,7 +422,7 @@ def stsgd_block(indptr, indices, data, y, rows, start, rec, irec, touched, istat
                         nt += 1
                         rec[j, R_WSTART] = wj
                     irec[j, RI_KT] = kj + 1
-                    if adagrad:
+                    if adagrad == ADA_ALL:
                         gj = d * data[q]
                         a = acc[j] + gj * gj
                         acc[j] = a
@@ -425,7 +431,7 @@ def stsgd_block(indptr, indices, data, y, rows, start, rec, irec, touched, istat
                         rec[j, R_W] = wj - step * data[q]
             istate[I_NTOUCHED] = nt
         if fit_bias:
-            if adagrad:
+            if adagrad != ADA_OFF:
                 ab = fstate[F_BIAS_ACC] + d * d
                 fstate[F_BIAS_ACC] = ab
                 fstate[F_BIAS] -= e * d / (delta + math.sqrt(ab))
