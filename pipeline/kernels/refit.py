@@ -1,0 +1,89 @@
+"""Refit of a selected support (relaxed lasso, ALGORITHMS.md §8): per-block kernels.
+
+The refit minimises, over weights supported on S (sorted column ids, |S| = s) and a bias b,
+
+    F(w, b) = (1/n) Σ_i ℓ(x_{i,S}·w + b, y_i) + (l2/2)·‖w‖²        (ℓ: losses.loss, logistic or squared)
+
+by full-batch passes over the training blocks. A block is first *compacted* to S once (``compact_block``):
+the same rows, only the entries whose column is in S, columns renumbered to their position 0..s-1 in S.
+After that an evaluation (``loss_grad``) costs O(non-zeros of the block inside S), not O(block) nor O(width).
+
+Membership test: a bitmap of the width (``support_bitmap``, p/8 bytes: 2 MB at 16.6M features, built once
+per worker and support) rejects columns outside S in O(1); a hit is located by binary search in S.
+"""
+import numba
+import numpy as np
+
+from .losses import dloss, loss
+
+
+@numba.njit(cache=True, nogil=True)
+def support_bitmap(support, n_features):
+    """uint8[(n_features + 7) // 8]: bit j set iff column j is in ``support`` (ids >= n_features ignored)."""
+    bits = np.zeros((n_features + 7) // 8, dtype=np.uint8)
+    for k in range(support.shape[0]):
+        j = support[k]
+        if 0 <= j < n_features:
+            bits[j >> 3] |= np.uint8(1 << (j & 7))
+    return bits
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _position(support, j):
+    """Index of j in the sorted ``support`` (j is known to be in it)."""
+    lo, hi = 0, support.shape[0]
+    while hi - lo > 1:
+        mid = (lo + hi) >> 1
+        if support[mid] <= j:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+@numba.njit(cache=True, nogil=True)
+def compact_block(indptr, indices, data, support, bits):
+    """The block's rows restricted to the columns in ``support`` (sorted), renumbered 0..s-1.
+
+    Returns (cindptr int64[n_rows + 1], cidx int32[m], cval like ``data``[m]); every row is kept (a row with
+    no entry in S still scores the bias). Columns beyond the bitmap's width count as outside S.
+    """
+    n_rows = indptr.shape[0] - 1
+    width = bits.shape[0] * 8
+    cindptr = np.zeros(n_rows + 1, dtype=np.int64)
+    m = 0
+    for k in range(indptr[0], indptr[n_rows]):
+        j = indices[k]
+        if j < width and (bits[j >> 3] >> (j & 7)) & 1:
+            m += 1
+    cidx = np.empty(m, dtype=np.int32)
+    cval = np.empty(m, dtype=data.dtype)
+    m = 0
+    for i in range(n_rows):
+        for k in range(indptr[i], indptr[i + 1]):
+            j = indices[k]
+            if j < width and (bits[j >> 3] >> (j & 7)) & 1:
+                cidx[m] = _position(support, j)
+                cval[m] = data[k]
+                m += 1
+        cindptr[i + 1] = m
+    return cindptr, cidx, cval
+
+
+@numba.njit(cache=True, nogil=True)
+def loss_grad(cindptr, cidx, cval, y, w, bias, code, grad):
+    """Sums over the block's rows: returns (Σ ℓ(f_i, y_i), Σ ℓ'(f_i, y_i)) with f_i = x_{i,S}·w + bias, and
+    writes Σ ℓ'(f_i, y_i)·x_{i,S} into ``grad`` (overwritten; float64[s]). ``code``: losses.LOGISTIC or SQUARED."""
+    grad[:] = 0.0
+    total = 0.0
+    gbias = 0.0
+    for i in range(cindptr.shape[0] - 1):
+        f = bias
+        for k in range(cindptr[i], cindptr[i + 1]):
+            f += w[cidx[k]] * cval[k]
+        total += loss(f, y[i], code)
+        d = dloss(f, y[i], code, False)
+        gbias += d
+        for k in range(cindptr[i], cindptr[i + 1]):
+            grad[cidx[k]] += d * cval[k]
+    return total, gbias
