@@ -18,8 +18,22 @@ class App(typer.Typer):
     its traceback with ``SPARSEPIPE_DEBUG=1`` / ``--debug``."""
 
     def __call__(self, *args, **kwargs):
+        from typer import _click as click  # typer's own copy of click (its exceptions)
+
         try:
-            return super().__call__(*args, **kwargs)
+            rv = super().__call__(*args, standalone_mode=False, **kwargs)
+        except click.exceptions.NoArgsIsHelpError as e:
+            typer.echo(e.ctx.get_help() if getattr(e, "ctx", None) is not None else e.format_message(), err=True)
+            sys.exit(e.exit_code)
+        except click.exceptions.ClickException as e:  # usage errors: one line, exit code 2
+            ctx = getattr(e, "ctx", None)
+            where = f"{ctx.command_path}: " if ctx is not None else ""
+            hint = f" (see '{ctx.command_path} --help')" if ctx is not None else ""
+            typer.echo(f"error: {where}{' '.join(e.format_message().split())}{hint}", err=True)
+            sys.exit(e.exit_code)
+        except (click.exceptions.Abort, typer.Abort):
+            typer.echo("error: aborted", err=True)
+            sys.exit(EXIT_ERROR)
         except (SystemExit, KeyboardInterrupt):
             raise
         except Exception as e:  # noqa: BLE001  the last line of defence: no traceback for users
@@ -30,6 +44,7 @@ class App(typer.Typer):
                                                   f" (an unexpected {type(e).__name__}; run with --debug or "
                                                   f"{DEBUG_ENV}=1 for the traceback to report it)"), err=True)
             sys.exit(code)
+        sys.exit(rv if isinstance(rv, int) else 0)
 
 
 app = App(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
@@ -84,6 +99,13 @@ def fail(msg: str, code: int = 1):
             code = EXIT_CORRUPT
     typer.echo(f"error: {' '.join(str(msg).split())}", err=True)
     raise typer.Exit(code)
+
+
+def json_line(obj) -> str:
+    """``obj`` as one line of JSON (numpy values and non-finite floats handled as in :func:`emit_json`)."""
+    from pipeline.model import json_default
+
+    return json.dumps(obj, default=json_default, separators=(",", ":"))
 
 
 def emit_json(obj) -> None:

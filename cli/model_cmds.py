@@ -2,132 +2,40 @@
 from __future__ import annotations
 
 import os
-import tomllib
 from pathlib import Path
-from typing import List, Optional
+from typing import Optional
 
 import typer
 
-from cli.app import Progress, app, apply_verify, emit_json, fail, no_verify_option, user_errors
-
-RUN_KEYS = {"algo", "passes", "paths", "seed", "workers", "scheduler", "placement", "stage_blocks", "max_density",
-            "record_path", "evaluate_every", "shuffle_window"}
-# ablation switches: CLI flag -> (hyper-parameter, value); only for algorithms that have that parameter
-SWITCHES = {"no_informative": ("truncation", "touched"), "no_stability": ("stability", False)}
-
-
-def read_config(path: Path | None) -> dict:
-    """Flat TOML (or a [train] table) whose keys are option names (dashes or underscores)."""
-    if path is None:
-        return {}
-    try:
-        with open(path, "rb") as f:
-            cfg = tomllib.load(f)
-    except FileNotFoundError:
-        fail(f"{path}: no such config file")
-    except tomllib.TOMLDecodeError as e:
-        fail(f"{path}: invalid TOML ({e})")
-    cfg = cfg.get("train", cfg)
-    return {k.replace("-", "_"): v for k, v in cfg.items() if not isinstance(v, dict)}
-
-
-def check_config_keys(cfg: dict, allowed: set, path: Path | None) -> None:
-    unknown = sorted(set(cfg) - allowed)
-    if unknown:
-        fail(f"{path}: unknown key(s) {', '.join(unknown)}; known: {', '.join(sorted(allowed))}")
-
-
-def _hyper_names(algo: str) -> set:
-    import dataclasses
-    import importlib
-
-    from pipeline.algorithms import ALGORITHMS
-
-    if algo not in ALGORITHMS:
-        fail(f"unknown algorithm {algo!r}; choose one of {', '.join(sorted(ALGORITHMS))}", 2)
-    mod, _, params = ALGORITHMS[algo]
-    return {f.name for f in dataclasses.fields(getattr(importlib.import_module(mod), params))}
+from cli.app import Progress, app, apply_verify, emit_json, fail, json_line, no_verify_option, user_errors
+from cli.train_options import RUN_KEYS, SWITCHES, TrainingOptions, read_config, training_options  # noqa: F401
 
 
 @app.command(context_settings={"help_option_names": ["--help", "-h"]})
+@training_options()
 def train(
     store: Path = typer.Argument(..., help="Store made by `sparsepipe ingest`."),
     out: Path = typer.Option(..., "--out", "-o", help="Model file to write (.npz, no pickle)."),
-    algo: Optional[str] = typer.Option(None, help="sgd | tg (default tg)."),
-    loss: Optional[str] = typer.Option(None, help="logistic | hinge | squared (default logistic)."),
-    passes: Optional[int] = typer.Option(None, min=1, help="Passes over the training blocks (default 5)."),
-    eta: Optional[float] = typer.Option(None, min=0.0, help="Learning rate (default 0.1)."),
-    schedule: Optional[str] = typer.Option(None, help="constant | invscaling | sqrt (default constant)."),
-    power_t: Optional[float] = typer.Option(None, min=0.0, help="Exponent of invscaling: eta / t**power_t."),
-    decay: Optional[float] = typer.Option(None, min=0.0, max=1.0, help="Per-pass factor on eta (default 1)."),
-    l2: Optional[float] = typer.Option(None, min=0.0, help="L2 weight decay (needs theta = inf for tg)."),
-    gravity: Optional[float] = typer.Option(None, min=0.0, help="TG gravity g (L1 strength), tg only."),
-    K: Optional[int] = typer.Option(None, "--K", min=1, help="TG: truncate every K steps (default 1)."),
-    theta: Optional[float] = typer.Option(None, min=0.0, help="TG truncation window (default inf)."),
-    paths: Optional[int] = typer.Option(None, min=1, help="Model replicas; sgd/tg split the blocks and "
-                                                          "average at pass ends (default = workers)."),
-    workers: Optional[int] = typer.Option(None, min=1, help="Local cluster processes (default: one thread "
-                                                            "per core in this process)."),
-    scheduler: Optional[str] = typer.Option(None, help="Join an existing Dask scheduler instead."),
-    seed: Optional[int] = typer.Option(None, help="Seed of the block and row orders (default 0)."),
-    placement: Optional[str] = typer.Option(None, help="paths: one task per path per stage (default); "
-                                                       "single: the whole loop in one task (small data)."),
     init_model: Optional[Path] = typer.Option(None, help="Resume (same algo/params/paths/seed) or warm-start "
                                                          "from this model."),
-    config: Optional[Path] = typer.Option(None, help="TOML file supplying any of these options."),
-    max_density: Optional[float] = typer.Option(None, min=0.0, max=1.0, help="Stop before the model's density "
-                                                                             "(non-zeros / features) would exceed this."),
     record_path: Optional[Path] = typer.Option(None, help="Write (stage, pass, density, holdout metrics) after "
                                                           "every pass/stage to this JSON-lines file."),
-    evaluate_every: Optional[int] = typer.Option(None, min=1, help="Evaluate on the holdout every N stages."),
-    shuffle_window: Optional[int] = typer.Option(None, min=1, help="Shuffle rows across this many consecutive "
-                                                                   "blocks of a path's order (default 4; guards "
-                                                                   "against label-sorted inputs)."),
-    stage_blocks: Optional[int] = typer.Option(None, min=0, help="Multi-path algorithms: blocks per path per "
-                                                                 "stage (0 = the algorithm's own stage length)."),
-    no_informative: bool = typer.Option(False, "--no-informative", help="STSGD ablation: truncate only "
-                                                                        "the burst's touched coordinates by g0·K."),
-    no_stability: bool = typer.Option(False, "--no-stability", help="STSGD ablation: no purging."),
-    fixed_gravity: Optional[float] = typer.Option(None, min=0.0, help="STSGD ablation: constant base gravity "
-                                                                      "g0 (no adaptive gravity, no annealing)."),
-    settings: Optional[List[str]] = typer.Option(None, "--set", help="Any hyper-parameter of the algorithm as "
-                                                                      "KEY=VALUE (repeatable), e.g. --set pi0=0.8."),
-    as_json: bool = typer.Option(False, "--json", help="Print a JSON summary."),
-    no_verify: bool = no_verify_option(),
+    as_json: bool = typer.Option(False, "--json", help="Print a JSON summary (and, when stderr is not a "
+                                                       "terminal, one JSON line per pass on stderr)."),
+    training: TrainingOptions = None,
 ):
-    """Train a sparse linear model over the store's training blocks; report holdout metrics per pass."""
-    apply_verify(no_verify)
+    """Train a sparse linear model over the store's training blocks; report holdout metrics per pass.
+
+    Algorithms: sgd, tg, stsgd, two-stage, l1proj, nssl, ftrl, smidas, scd, grades, rda, fobos —
+    `sparsepipe algorithms [NAME]` describes each with its hyper-parameters (set any with --set KEY=VALUE)."""
     from pipeline.cluster import dask_client, default_workers
     from pipeline.model import load_model
     from pipeline.train import fit
 
-    cli = {k: v for k, v in dict(algo=algo, loss=loss, passes=passes, eta=eta, schedule=schedule, power_t=power_t,
-                                 decay=decay, l2=l2, gravity=gravity, K=K, theta=theta, paths=paths,
-                                 workers=workers, scheduler=scheduler, seed=seed, placement=placement,
-                                 max_density=max_density, record_path=record_path, evaluate_every=evaluate_every,
-                                 stage_blocks=stage_blocks, fixed_gravity=fixed_gravity,
-                                 shuffle_window=shuffle_window).items()
-           if v is not None}
-    cfg = read_config(config)
-    name = cli.get("algo") or cfg.get("algo") or "tg"
-    hyper = _hyper_names(name)
-    check_config_keys(cfg, RUN_KEYS | hyper, config)
-    for flag, on in (("no_informative", no_informative), ("no_stability", no_stability)):
-        if on:
-            key, val = SWITCHES[flag]
-            if key not in hyper:
-                fail(f"--{flag.replace('_', '-')} applies to algorithms with '{key}' (e.g. stsgd), not {name}", 2)
-            cli[key] = val
-    if "fixed_gravity" in cli and "fixed_gravity" not in hyper:
-        fail(f"--fixed-gravity applies to stsgd, not {name}", 2)
-    opts = {**cfg, **cli}
-    try:
-        from pipeline.algorithms import parse_setting
-
-        opts.update(dict(parse_setting(name, s) for s in settings or []))
-    except ValueError as e:
-        fail(str(e), 2)
-    run = {k: opts.pop(k) for k in list(opts) if k in RUN_KEYS}
+    t = training.resolve()
+    name, opts, run = t.name, t.hyper, t.run
+    if record_path is not None:
+        run["record_path"] = record_path
     n_workers = run.get("workers") or default_workers()
     try:
         from pipeline.store.reader import open_store
@@ -149,7 +57,9 @@ def train(
                     (f"holdout rmse {h['rmse']:.4f}  " if 'rmse' in h else "") + f"{rec['seconds']:.2f}s")
             if bar.bar is not None:
                 bar.update(rec["pass"], line)
-            elif not as_json:
+            elif as_json:  # not a terminal: one JSON line per pass for cron and CI logs
+                typer.echo(json_line({"event": "pass", **rec}), err=True)
+            else:
                 typer.echo(line, err=True)
 
         with dask_client(run.get("workers"), run.get("scheduler")) as client:  # neither: threads here

@@ -1,48 +1,47 @@
 """`sparsepipe stability`: R trainings on different orderings -> error/density mean ± sd and Cohen's kappa."""
 from __future__ import annotations
 
+import sys
 from pathlib import Path
-from typing import List, Optional
+from typing import Optional
 
 import typer
 
-from cli.app import app, apply_verify, emit_json, fail, no_verify_option, user_errors
+from cli.app import app, emit_json, fail, json_line, user_errors
+from cli.train_options import TrainingOptions, training_options
 
 
 @app.command()
+@training_options(exclude=("evaluate_every",))
 def stability(
     store: Path = typer.Argument(..., help="Store made by `sparsepipe ingest` (trained on its training blocks)."),
-    algo: str = typer.Option("tg", help="Any registered algorithm (sgd, tg, stsgd, ...)."),
-    runs: int = typer.Option(10, min=2, help="Number of orderings (seeds 0..R-1)."),
-    passes: int = typer.Option(5, min=1, help="Passes per run."),
-    paths: int = typer.Option(1, min=1, help="Paths (model replicas) per run."),
-    workers: Optional[int] = typer.Option(None, min=1, help="Local cluster processes (default: in-process)."),
-    scheduler: Optional[str] = typer.Option(None, help="Join an existing Dask scheduler."),
-    stage_blocks: int = typer.Option(0, min=0, help="Full-path algorithms: blocks per path per stage."),
+    runs: int = typer.Option(10, min=2, help="Number of orderings (seeds S..S+R-1, S = --seed, default 0)."),
     test_store: Optional[Path] = typer.Option(None, help="Measure the error on all blocks of this store "
                                                          "(default: the holdout blocks of STORE)."),
-    settings: Optional[List[str]] = typer.Option(None, "--set", help="Hyper-parameter KEY=VALUE (repeatable)."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
-    no_verify: bool = no_verify_option(),
+    training: TrainingOptions = None,
 ):
-    """Selection stability of ALGO: mean ± sd of error and density and mean pairwise Cohen's kappa."""
-    apply_verify(no_verify)
-    from pipeline.algorithms import parse_setting
+    """Selection stability of ALGO: mean ± sd of error and density and mean pairwise Cohen's kappa. Takes the
+    training options of `sparsepipe train` (one definition: cli/train_options.py)."""
     from pipeline.cluster import dask_client
     from pipeline.stability import stability_runs
 
-    try:
-        opts = dict(parse_setting(algo, s) for s in settings or [])
-    except ValueError as e:
-        fail(str(e), 2)
+    t = training.resolve(defaults={"paths": 1, "passes": 5, "stage_blocks": 0, "seed": 0})
+    algo, opts, run = t.name, t.hyper, t.run
+    workers, scheduler = run.get("workers"), run.get("scheduler")
 
     def progress(rec):
-        if not as_json:
+        if as_json:
+            if not sys.stderr.isatty():  # cron and CI logs: one JSON line per run
+                typer.echo(json_line({"event": "run", **rec}), err=True)
+        else:
             typer.echo(f"seed {rec['seed']:>3}  error {rec['error']:.4f}  density {rec['density']:.5f}  "
                        f"nnz {rec['nnz']:,}", err=True)
 
-    kw = dict(runs=runs, passes=passes, paths=paths, stage_blocks=stage_blocks,
-              test_store=str(test_store) if test_store else None, progress=progress)
+    kw = dict(runs=runs, passes=run["passes"], paths=run["paths"], stage_blocks=run["stage_blocks"],
+              test_store=str(test_store) if test_store else None, progress=progress, seed=run["seed"],
+              max_density=run.get("max_density"), shuffle_window=run.get("shuffle_window", 4),
+              placement=run.get("placement", "paths"))
     try:
         if workers or scheduler:
             with dask_client(workers, scheduler) as client:

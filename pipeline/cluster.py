@@ -111,7 +111,12 @@ def dask_client(workers: int | None = None, scheduler: str | None = None, client
     from distributed import Client, LocalCluster
 
     if scheduler:
-        with Client(scheduler) as c:
+        try:
+            c = Client(scheduler, timeout=connect_timeout())
+        except (OSError, TimeoutError) as e:
+            raise OSError(f"{scheduler}: no Dask scheduler answers ({' '.join(str(e).split())}); check the "
+                          f"address or drop --scheduler") from None
+        with c:
             yield c
         return
     n = workers
@@ -143,3 +148,11 @@ def worker_log_level() -> int:
     ``SPARSEPIPE_DEBUG=1`` (bug reports)."""
     debug = os.environ.get("SPARSEPIPE_DEBUG", "").strip().lower() not in ("", "0", "false", "no", "off")
     return logging.ERROR if debug else logging.CRITICAL
+
+
+def connect_timeout() -> float:
+    """Seconds to wait for a ``--scheduler`` to answer (``SPARSEPIPE_CONNECT_TIMEOUT``, default 10)."""
+    try:
+        return max(0.1, float(os.environ.get("SPARSEPIPE_CONNECT_TIMEOUT", "10")))
+    except ValueError:
+        return 10.0

@@ -8,6 +8,7 @@ so the store's arrays are identical whatever the cluster.
 """
 from __future__ import annotations
 
+import errno
 import fcntl
 import functools
 import glob
@@ -163,7 +164,12 @@ def _open(path: str, compression: str | None = None):
 def file_size(path: str) -> int:
     try:
         if _local(path):
-            return os.path.getsize(os.path.expanduser(path))
+            local = os.path.expanduser(path)
+            if os.path.isdir(local):
+                raise IngestError(f"{path}: is a directory; give the LIBSVM files in it (e.g. {path}/*.svm)")
+            if os.path.exists(local) and not os.access(local, os.R_OK):
+                raise IngestError(f"{path}: cannot read the file (permission denied)")
+            return os.path.getsize(local)
         import fsspec
 
         fs, p = fsspec.core.url_to_fs(path)
@@ -392,15 +398,43 @@ def _decide_labels(mode: str, counts: dict, first_line: dict, path: str, prefer:
     return None
 
 
+def _lock_path(out: str) -> str:
+    return os.path.abspath(out).rstrip("/") + ".lock"
+
+
 def _lock(out: str):
-    lock_path = os.path.abspath(out).rstrip("/") + ".lock"
-    fd = os.open(lock_path, os.O_CREAT | os.O_RDWR, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
+    """An flock on ``STORE.lock``, held while the ingest runs and removed by :func:`_unlock`: no lock file stays
+    beside the store. A holder that finds the path removed or replaced after taking the lock (its file was
+    unlinked by the previous holder's release) takes the new file's lock instead, so two writers never hold
+    locks on different files."""
+    lock_path = _lock_path(out)
+    for _ in range(100):
+        try:
+            fd = os.open(lock_path, os.O_CREAT | os.O_RDWR, 0o644)
+        except OSError as e:
+            raise IngestError(f"{out}: cannot create the lock file {lock_path} ({e.strerror})") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise IngestError(f"{out}: another sparsepipe process is writing this store (lock {lock_path})") from None
+        try:
+            same = os.stat(lock_path).st_ino == os.fstat(fd).st_ino
+        except FileNotFoundError:
+            same = False
+        if same:
+            return fd
         os.close(fd)
-        raise IngestError(f"{out}: another sparsepipe process is writing this store (lock {lock_path})") from None
-    return fd
+    raise IngestError(f"{out}: could not take the lock {lock_path}")
+
+
+def _unlock(out: str, fd: int) -> None:
+    """Remove ``STORE.lock`` while still holding it, then release it."""
+    try:
+        os.unlink(_lock_path(out))
+    except OSError:
+        pass
+    os.close(fd)
 
 
 def _choose_holdout(keys: list[str], fraction: float, seed: int, generation: int) -> list[str]:
@@ -450,6 +484,8 @@ def ingest(inputs: list[str], out: str, options: IngestOptions | None = None, *,
                                   f"{known[fp]['path']}, generation {known[fp]['generation']}); refusing to append twice")
             known[fp] = {"path": path, "generation": "this run"}
             sources.append({"path": path, "size": size, "fingerprint": fp, "compression": compression_of(path)})
+        if old is None and all(src["size"] == 0 for src in sources):
+            raise IngestError(f"{', '.join(inputs)}: empty input (0 bytes); nothing to ingest")
         generation = (old["generation"] + 1) if old else 1
         if old:
             _clean_orphans(out, old)
@@ -472,15 +508,17 @@ def ingest(inputs: list[str], out: str, options: IngestOptions | None = None, *,
                 results = _run_tasks(c, root, tasks, o, sum(s["size"] for s in sources), progress)
                 summary = _commit(c, root, out, old, sources, tasks, results, o, generation, t_ready)
                 summary["startup_seconds"] = round(t_ready - t0, 3)
-        except BaseException:
+        except BaseException as e:
             if old is None:
                 shutil.rmtree(root, ignore_errors=True)
             else:
                 _clean_orphans(out, fmt.read_manifest(out))
+            if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT, errno.EROFS):
+                raise IngestError(f"{out}: cannot write the store ({e.strerror}); nothing was committed") from None
             raise
         return summary
     finally:
-        os.close(lock_fd)
+        _unlock(out, lock_fd)
 
 
 def _run_tasks(c, root, tasks, o, total_bytes, progress):

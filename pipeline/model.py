@@ -128,11 +128,28 @@ def load_model(path) -> Model:
     """Load a model saved by :meth:`Model.save` (``allow_pickle=False``)."""
     path = os.fspath(path)
     try:
-        z = np.load(path, allow_pickle=False)
+        return _load_model(path)
+    except ModelError:
+        raise
     except FileNotFoundError:
         raise ModelError(f"{path}: no such model file") from None
-    except (ValueError, OSError) as e:
-        raise ModelError(f"{path}: not a sparsepipe model ({e})") from None
+    except IsADirectoryError:
+        raise ModelError(f"{path}: is a directory, not a model file") from None
+    except PermissionError:
+        raise ModelError(f"{path}: cannot read the model file (permission denied)") from None
+    except Exception as e:  # noqa: BLE001  zipfile, zlib, EOF, JSON, numpy format errors: all a bad file
+        if os.path.isfile(path) and os.path.getsize(path) == 0:
+            raise ModelError(f"{path}: not a sparsepipe model (an empty file)") from None
+        if isinstance(e, ValueError) and "pickle" in str(e):  # np.load's words for "no .npy/.npz magic"
+            raise ModelError(f"{path}: not a sparsepipe model (not an .npz archive)") from None
+        raise ModelError(f"{path}: not a sparsepipe model, or a truncated or corrupt one ({type(e).__name__}: "
+                         f"{' '.join(str(e).split()) or 'no detail'})") from None
+
+
+def _load_model(path: str) -> Model:
+    z = np.load(path, allow_pickle=False)
+    if not isinstance(z, np.lib.npyio.NpzFile):
+        raise ModelError(f"{path}: not a sparsepipe model (a .npy array, not an .npz archive)")
     with z:
         if "meta" not in z.files:
             raise ModelError(f"{path}: not a sparsepipe model (no metadata)")

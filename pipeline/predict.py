@@ -29,6 +29,8 @@ def predict_to_file(model, input_path: str, out_path: str, zero_based: bool = Fa
 
         mats = ((b.indptr, b.indices, b.data) for b in open_store(input_path).blocks("all"))
     else:
+        if os.path.isfile(input_path) and os.path.getsize(input_path) == 0:
+            raise ValueError(f"{input_path}: empty input (0 bytes); nothing to predict")
         mats = _rows_of_text(input_path, zero_based)
     from pipeline.kernels.sgd import predict_block
 
@@ -36,12 +38,19 @@ def predict_to_file(model, input_path: str, out_path: str, zero_based: bool = Fa
     tmp = out_path + ".tmp"
     n = 0
     regression = model.meta.get("label_kind") == "regression"
-    with open(tmp, "w", encoding="utf-8") as f:
-        for indptr, indices, data in mats:
-            s = np.empty(indptr.shape[0] - 1, dtype=np.float64)
-            predict_block(indptr, indices, data, w, float(model.bias), s)
-            lab = s if regression else np.where(s > 0, 1, -1)
-            f.write("".join(f"{a:g} {b:.9g}\n" if regression else f"{a:+d} {b:.9g}\n" for a, b in zip(lab, s)))
-            n += s.shape[0]
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            for indptr, indices, data in mats:
+                s = np.empty(indptr.shape[0] - 1, dtype=np.float64)
+                predict_block(indptr, indices, data, w, float(model.bias), s)
+                lab = s if regression else np.where(s > 0, 1, -1)
+                f.write("".join(f"{a:g} {b:.9g}\n" if regression else f"{a:+d} {b:.9g}\n" for a, b in zip(lab, s)))
+                n += s.shape[0]
+    except BaseException:  # nothing half-written: a corrupt block or a bad line leaves no output
+        try:
+            os.remove(tmp)
+        except OSError:
+            pass
+        raise
     os.replace(tmp, out_path)
     return n

@@ -59,7 +59,8 @@ def mean_pairwise_kappa(sets, p):
 
 def stability_runs(store: str, algo: str, options: dict | None = None, *, runs: int = 10, passes: int = 5,
                    paths: int = 1, client=None, test_store: str | None = None, stage_blocks: int = 0,
-                   placement: str = "paths", progress=None) -> dict:
+                   placement: str = "paths", progress=None, seed: int = 0, max_density: float | None = None,
+                   shuffle_window: int = 4) -> dict:
     """Train ``runs`` models of ``algo`` on ``store`` with seeds 0..runs−1 (different block and row orders)
     and report mean ± sd (ddof = 1) of the error and density and the mean pairwise Cohen's κ of the
     selected feature sets (non-zero weights). The error is measured on the store's holdout blocks, or on
@@ -73,9 +74,10 @@ def stability_runs(store: str, algo: str, options: dict | None = None, *, runs: 
     p = open_store(store).n_features
     split = "all" if test_store else "holdout"
     errors, densities, sets, per_run = [], [], [], []
-    for seed in range(runs):
+    for seed in range(seed, seed + runs):  # run r uses seed + r
         m = fit(store, algo, dict(options or {}), passes=passes, paths=paths, seed=seed, client=client,
-                placement=placement, stage_blocks=stage_blocks, evaluate=False)
+                placement=placement, stage_blocks=stage_blocks, evaluate=False, max_density=max_density,
+                shuffle_window=shuffle_window)
         res = evaluate_store(m, test_store or store, split, client)
         errors.append(res["error"])
         densities.append(m.nnz / p)

@@ -1,0 +1,183 @@
+"""A clean error for every bad input, in every command: real subprocesses of the CLI; for each case exit code
+!= 0, one 'error: ...' line naming the thing and the cause, no traceback (worker logs included) and nothing
+half-written. SPARSEPIPE_DEBUG=1 / --debug shows the traceback. No lock file stays after an ingest."""
+import gzip
+import json
+import os
+import resource
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from pipeline.store import format as fmt
+
+ENV = {k: v for k, v in os.environ.items() if not k.startswith("SPARSEPIPE_")}
+
+
+def cli(*args, env=None, preexec_fn=None, timeout=300):
+    return subprocess.run([sys.executable, "-m", "cli.main", *map(str, args)], capture_output=True, text=True,
+                          env={**ENV, **(env or {})}, preexec_fn=preexec_fn, timeout=timeout)
+
+
+def assert_clean(r, *words, code=None):
+    err = r.stderr.strip()
+    assert r.returncode != 0, (r.returncode, r.stdout, r.stderr)
+    if code is not None:
+        assert r.returncode == code, (r.returncode, r.stderr)
+    assert "Traceback" not in r.stderr and "Compute Failed" not in r.stderr, r.stderr
+    lines = err.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), r.stderr
+    for w in words:
+        assert str(w) in lines[0], (w, lines[0])
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory):
+    d = tmp_path_factory.mktemp("errs")
+    assert cli("synth", d / "s.svm", "--rows", "600", "--features", "2000", "--nnz-per-row", "15").returncode == 0
+    r = cli("ingest", d / "s.svm", "--out", d / "st.zarr", "--block-mb", "0.02")
+    assert r.returncode == 0, r.stderr
+    r = cli("train", d / "st.zarr", "--out", d / "m.npz", "--passes", "1")
+    assert r.returncode == 0, r.stderr
+    return d
+
+
+def _listing(d):
+    return sorted(os.listdir(d))
+
+
+def test_every_bad_input_is_one_clean_line(base, tmp_path):
+    st, model, svm = base / "st.zarr", base / "m.npz", base / "s.svm"
+    (tmp_path / "adir").mkdir()
+    (tmp_path / "empty.svm").write_bytes(b"")
+    (tmp_path / "empty.npz").write_bytes(b"")
+    (tmp_path / "text.npz").write_text("hello\n")
+    (tmp_path / "trunc.npz").write_bytes(model.read_bytes()[:2000])
+    (tmp_path / "trunc.svm.gz").write_bytes(gzip.compress(svm.read_bytes())[:5000])
+    (tmp_path / "wrong.toml").write_text('passes = "five"\n')
+    (tmp_path / "wrong2.toml").write_text('eta = true\n')
+    (tmp_path / "bad.toml").write_text('passes = \n')
+    newer = tmp_path / "newer.zarr"
+    shutil.copytree(st, newer)
+    man = fmt.read_manifest(str(newer))
+    man["format_version"] = fmt.FORMAT_VERSION + 1
+    fmt.write_manifest(str(newer), man)
+    t = tmp_path
+    cases = [
+        (("ingest", t / "adir", "--out", t / "o1.zarr"), ["adir", "is a directory"], 1),
+        (("ingest", t / "empty.svm", "--out", t / "o2.zarr"), ["empty.svm", "empty"], 1),
+        (("ingest", t / "missing.svm", "--out", t / "o3.zarr"), ["missing.svm", "no such file"], 1),
+        (("ingest", t / "trunc.svm.gz", "--out", t / "o4.zarr"), ["trunc.svm.gz", "truncated"], 1),
+        (("ingest", t / "trunc.svm.gz", "--out", t / "o5.zarr", "--workers", "1"), ["trunc.svm.gz", "truncated"], 1),
+        (("evaluate", t / "trunc.npz", st), ["trunc.npz", "truncated or corrupt"], 1),
+        (("evaluate", t / "empty.npz", st), ["empty.npz", "empty file"], 1),
+        (("evaluate", t / "text.npz", st), ["text.npz", "not a sparsepipe model"], 1),
+        (("evaluate", t / "adir", st), ["adir", "is a directory"], 1),
+        (("evaluate", t / "nope.npz", st), ["nope.npz", "no such model"], 1),
+        (("evaluate", model, t / "adir"), ["adir", "not a sparsepipe store"], 1),
+        (("evaluate", model, t / "empty.svm"), ["empty.svm", "not a store"], 1),
+        (("evaluate", model, newer), ["newer.zarr", "newer"], 1),
+        (("info", newer), ["newer.zarr", "newer"], 1),
+        (("predict", t / "trunc.npz", svm, "--out", t / "p.txt"), ["trunc.npz"], 1),
+        (("predict", model, t / "empty.npz", "--out", t / "p2.txt"), ["empty.npz"], 1),
+        (("sparsify", t / "text.npz", "--store", st, "--nnz", "5", "--out", t / "sp.npz"), ["text.npz"], 1),
+        (("train", st, "--out", t / "m1.npz", "--init-model", t / "trunc.npz"), ["trunc.npz"], 1),
+        (("train", st, "--out", t / "m2.npz", "--config", t / "wrong.toml"), ["wrong.toml", "passes", "integer"], 2),
+        (("train", st, "--out", t / "m3.npz", "--config", t / "wrong2.toml"), ["wrong2.toml", "eta", "number"], 2),
+        (("train", st, "--out", t / "m4.npz", "--config", t / "bad.toml"), ["bad.toml", "invalid TOML"], 1),
+        (("train", st, "--out", t / "m5.npz", "--config", t / "adir"), ["adir", "directory"], 1),
+        (("train", st, "--out", t / "m6.npz", "--workers", "0"), ["--workers"], 2),
+        (("train", t / "adir", "--out", t / "m7.npz"), ["adir", "not a sparsepipe store"], 1),
+        (("stability", st, "--workers", "0"), ["--workers"], 2),
+        (("train", st, "--out", t / "m8.npz", "--algo", "nope"), ["nope", "unknown algorithm"], 2),
+        (("verify", t / "adir"), ["adir"], 1),
+    ]
+    before = _listing(t)
+    for args, words, code in cases:
+        r = cli(*args)
+        assert_clean(r, *words, code=code)
+    assert _listing(t) == before  # nothing half-written: no store, model, prediction, tmp or lock file
+    assert not [p for p in os.listdir(base) if p.endswith(".lock") or ".tmp" in p]
+
+
+def test_scheduler_that_does_not_answer_is_a_clean_error_in_bounded_time(base, tmp_path):
+    t0 = time.time()
+    r = cli("train", base / "st.zarr", "--out", tmp_path / "m.npz", "--scheduler", "tcp://127.0.0.1:9",
+            env={"SPARSEPIPE_CONNECT_TIMEOUT": "2"}, timeout=120)
+    assert_clean(r, "tcp://127.0.0.1:9", "no Dask scheduler answers", code=1)
+    assert time.time() - t0 < 60 and not (tmp_path / "m.npz").exists()
+
+
+def _small_filesystem(path):
+    """A 24 KiB tmpfs at ``path`` (root), else None."""
+    path.mkdir()
+    if os.geteuid() != 0 or shutil.which("mount") is None:
+        return None
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=24k", "tmpfs", str(path)], capture_output=True)
+    return path if r.returncode == 0 else None
+
+
+def test_full_disk_during_ingest_commits_nothing(base, tmp_path):
+    small = _small_filesystem(tmp_path / "small")
+    try:
+        if small is not None:  # a real full filesystem: ENOSPC
+            out, preexec = small / "s.zarr", None
+        else:  # a file size limit: EFBIG
+            out = tmp_path / "s.zarr"
+
+            def preexec():
+                signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+                resource.setrlimit(resource.RLIMIT_FSIZE, (20_000, 20_000))
+        r = cli("ingest", base / "s.svm", "--out", out, "--block-mb", "0.5", preexec_fn=preexec)
+        assert_clean(r, str(out), "cannot write the store", "nothing was committed", code=1)
+        assert os.listdir(out.parent) == []  # no store, no STORE.tmp-*, no lock
+    finally:
+        if small is not None:
+            subprocess.run(["umount", str(small)], check=False)
+
+
+def test_debug_shows_the_traceback(base, tmp_path):
+    (tmp_path / "trunc.npz").write_bytes((base / "m.npz").read_bytes()[:2000])
+    r = cli("--debug", "evaluate", tmp_path / "trunc.npz", base / "st.zarr")
+    assert r.returncode == 1 and "Traceback" in r.stderr and "error: " in r.stderr
+    r = cli("evaluate", tmp_path / "trunc.npz", base / "st.zarr", env={"SPARSEPIPE_DEBUG": "1"})
+    assert r.returncode == 1 and "Traceback" in r.stderr
+
+
+def test_no_lock_file_after_ingest_and_a_held_lock_still_refuses(base, tmp_path):
+    from pipeline.ingest import IngestError, _lock, _unlock, ingest
+
+    out = tmp_path / "s.zarr"
+    r = cli("ingest", base / "s.svm", "--out", out, "--block-mb", "0.05", "--holdout", "0")
+    assert r.returncode == 0, r.stderr
+    assert _listing(tmp_path) == ["s.zarr"]
+    r = cli("info", tmp_path / "s.zarr")
+    assert r.returncode == 0
+    (tmp_path / "t.svm").write_text("+1 1:1\n-1 2:1\n")
+    r = cli("ingest", tmp_path / "t.svm", "--out", out, "--append")
+    assert r.returncode == 0, r.stderr
+    assert _listing(tmp_path) == ["s.zarr", "t.svm"]
+    fd = _lock(str(tmp_path / "x.zarr"))  # another writer holds it: refused, and its lock stays its own
+    try:
+        r = cli("ingest", base / "s.svm", "--out", tmp_path / "x.zarr")
+        assert_clean(r, "another sparsepipe process is writing", code=1)
+        with pytest.raises(IngestError):
+            ingest([str(base / "s.svm")], str(tmp_path / "x.zarr"))
+        assert (tmp_path / "x.zarr.lock").exists() and not (tmp_path / "x.zarr").exists()
+    finally:
+        _unlock(str(tmp_path / "x.zarr"), fd)
+    assert not (tmp_path / "x.zarr.lock").exists()
+
+
+def test_json_runs_print_one_json_line_per_pass_on_stderr_when_not_a_terminal(base, tmp_path):
+    r = cli("train", base / "st.zarr", "--out", tmp_path / "m.npz", "--passes", "3", "--json")
+    assert r.returncode == 0, r.stderr
+    final = json.loads(r.stdout)
+    assert final["passes"] == 3
+    lines = [json.loads(ln) for ln in r.stderr.strip().splitlines()]
+    assert [ln["pass"] for ln in lines] == [1, 2, 3] and all(ln["event"] == "pass" for ln in lines)
+    assert all("density" in ln and "holdout" in ln for ln in lines)
