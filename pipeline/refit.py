@@ -36,7 +36,7 @@ from pipeline.kernels.losses import LOGISTIC, SQUARED
 # l2 for L2-normalised rows: on synthetic webspam-like stores (README "Training", --refit) 1e-4 gave the lowest
 # holdout log-loss at 2k-16k rows among 1e-6..1e-2 (smaller values overfit the smaller stores; larger ones
 # shrink the weights back, undoing what the refit is for).
-DEFAULT_L2 = 1e-4
+DEFAULT_L2 = 1e-5
 DEFAULT_MAX_ITER = 100
 DEFAULT_TOL = 1e-6
 DEFAULT_CACHE_BYTES = 1 << 30
@@ -213,4 +213,5 @@ def refit(model, store_path: str, client=None, l2: float = DEFAULT_L2, max_iter:
         "holdout_before": model.meta.get("holdout"), "bias_before": float(model.bias),
     }
     meta.pop("n_paths_saved", None)
+    meta["holdout"] = None  # the sparse model's metrics are in meta["refit"]["holdout_before"]; fit() re-measures
     return Model(model.n_features, support[keep], w[keep], bias, meta=meta, states=None, gstate=None)
