@@ -41,6 +41,7 @@ DEFAULT_L2 = 1e-5
 DEFAULT_MAX_ITER = 100
 DEFAULT_TOL = 1e-6
 DEFAULT_CACHE_BYTES = 1 << 30
+SCATTER_BYTES = 1 << 16  # a larger weight vector goes to the workers scattered, once per evaluation
 
 
 def refit_loss(model, label_kind: str | None = None, loss: str | None = None) -> str:
@@ -144,6 +145,7 @@ class RefitProblem:
         self.label_kind = st.label_kind
         self.sig = support_signature(self.support, st.n_features)
         self.cache_bytes = int(cache_bytes)
+        self.client = client
         self.ex = DaskExec(client) if client is not None else LocalExec()
         self.sup_ref = client.scatter(self.support, broadcast=True) if client is not None else self.support
         self.evaluations = 0
@@ -154,6 +156,8 @@ class RefitProblem:
         from pipeline.engine import tree
 
         w = np.asarray(w, dtype=np.float64)
+        if self.client is not None and w.nbytes > SCATTER_BYTES:  # once per evaluation, not once per block task
+            w = self.client.scatter(w, broadcast=True, hash=False)
         parts = [self.ex.submit(block_task, self.data, b, self.sup_ref, self.sig, w, float(bias), self.code,
                                 self.cache_bytes) for b in range(len(self.data.keys))]
         return self.ex.result(tree(self.ex, parts, _add))
