@@ -132,7 +132,8 @@ class RunSpec:
     end_pass: int  # exclusive: paths stop at this pass index
     stage_blocks: int = 0  # full mode: blocks per path per stage (0 = until the algorithm ends the stage)
     window: int = 1  # shuffle window: rows are shuffled across this many consecutive blocks of the path order
-    max_density: float | None = None  # stop before the aggregated model's density would exceed this
+    max_density: float | None = None  # stop when the aggregated model's density reaches this
+    max_rows: int = 0  # > 0: each path advances at most this many rows in the stage (the --max-density search)
 
 
 def advance_task(algo: Algorithm, state: dict, data: DataRef, spec: RunSpec, path: int) -> dict:
@@ -145,8 +146,11 @@ def advance_task(algo: Algorithm, state: dict, data: DataRef, spec: RunSpec, pat
     cur = state[CURSOR]
     n_blocks = len(data.keys)
     blocks_done = 0
+    rows_done = 0
     W = max(1, spec.window)
     while cur[0] < spec.end_pass:
+        if spec.max_rows and rows_done >= spec.max_rows:
+            break
         order = path_blocks(spec.seed, int(cur[0]), path, spec.n_paths, n_blocks, algo.path_mode)
         if cur[1] * W >= order.shape[0]:
             cur[0] += 1
@@ -162,14 +166,17 @@ def advance_task(algo: Algorithm, state: dict, data: DataRef, spec: RunSpec, pat
         t2 = time.perf_counter()
         rows = row_order(spec.seed, int(cur[0]), path, b, y.shape[0], W)
         start = int(cur[2])
+        if spec.max_rows:  # the stage ends after max_rows rows, inside a block if need be
+            rows = rows[:start + spec.max_rows - rows_done]
         consumed, stage_done = algo.advance(state, indptr, indices, data_, y, rows, start, int(cur[0]))
+        rows_done += consumed
         t3 = time.perf_counter()
         t_read += t2 - t1
         t_kernel += t3 - t2
         sel = rows[start:start + consumed]
         nnz += int(np.sum(indptr[sel + 1] - indptr[sel]))
         cur[2] += consumed
-        if cur[2] >= rows.shape[0]:
+        if cur[2] >= y.shape[0]:  # (rows may be cut by max_rows)
             cur[1] += 1
             cur[2] = 0
             blocks_done += 1
@@ -298,8 +305,11 @@ def run_stages(ex, algo: Algorithm, states: list, gstate: dict, data: DataRef, s
                holdout, progress=None, evaluate_every: int = 1, max_stages: int | None = None):
     """The stage loop shared by both placements. Returns (states, gstate, decision, history).
 
-    With ``spec.max_density`` the loop stops before a stage whose aggregated model would exceed that
-    density: that stage is discarded and the previous model (and path states) is returned.
+    With ``spec.max_density`` the loop stops when the aggregated model reaches that density, inside a stage
+    (a pass) if need be: the stage that crosses it is re-run from its start with each path stopping after r
+    rows, r the largest that keeps the mixed model within the bound (:func:`_density_cut`), and that model
+    (and its path states, cursors inside the pass) is returned. When even the first row per path of the
+    first stage crosses the bound, the model after that row is returned (never an error).
     """
     M = spec.n_paths
     history = []
@@ -322,11 +332,26 @@ def run_stages(ex, algo: Algorithm, states: list, gstate: dict, data: DataRef, s
         gstate = ex.result(gref)
         diag = ex.result(ex.first(out, 2))
         if spec.max_density is not None and diag.get("density", 0.0) > spec.max_density:
+            # the bound is reached inside this stage: find the most rows per path that keep the mixed model
+            # within it (galloping, then bisection, each probe re-running the stage from its start; pure
+            # tasks make every probe exact) and stop with the model at that point
+            cut = _density_cut(ex, algo, before[0], before[2], data, spec, M)
             history.append({"stage": stage + 1, "stopped": "max_density", **diag})
-            if before[3] is None:
-                raise ValueError(f"the model exceeds --max-density {spec.max_density} after its first stage "
-                                 f"(density {diag['density']:.4g}); increase the bound or the sparsity")
-            states, gstate, gref, decision = before
+            if cut is None and before[3] is not None:  # the previous stage's end is the point
+                states, gstate, gref, decision = before
+                break
+            if cut is None:  # the very first rows cross the bound: the model after one row per path
+                cut = _partial_stage(ex, algo, before[0], before[2], data, spec, M, 1)
+            new_states, decision, gref, gstate, diag, rows_in = cut
+            states = [ex.submit(apply_task, algo, s, decision) for s in new_states]
+            stage += 1
+            rec = {"stage": stage, "pass": min(_passes(ex, states)), **diag, "rows_in_stage": rows_in,
+                   "seconds": round(time.time() - t0, 4), "elapsed": round(time.time() - t_start, 3)}
+            if holdout is not None:
+                rec["holdout"] = _evaluate(ex, holdout, decision, algo)
+            history.insert(len(history) - 1, rec)
+            if progress:
+                progress(rec)
             break
         states = [ex.submit(apply_task, algo, s, decision) for s in states]
         passes = _passes(ex, states)
@@ -346,6 +371,40 @@ def run_stages(ex, algo: Algorithm, states: list, gstate: dict, data: DataRef, s
 
 def _cursor_pass(state):
     return state[CURSOR][0]
+
+
+def _partial_stage(ex, algo, states, gref, data, spec, M, rows: int):
+    """The stage from ``states`` with each path stopping after ``rows`` rows: (states, decision, gstate ref,
+    gstate, diagnostics, rows)."""
+    from dataclasses import replace
+
+    sp = replace(spec, max_rows=rows)
+    new = [ex.submit(advance_task, algo, states[m], data, sp, m) for m in range(M)]
+    total = tree(ex, [ex.submit(summarize_task, algo, s) for s in new], _combine, algo)
+    out = ex.submit(decide_task, algo, total, gref, M)
+    g = ex.first(out, 1)
+    return new, ex.first(out, 0), g, ex.result(g), ex.result(ex.first(out, 2)), rows
+
+
+def _density_cut(ex, algo, states, gref, data, spec, M):
+    """The partial stage with the most rows per path whose mixed model is within ``spec.max_density`` (None
+    when even one row per path crosses it): rows 1, 2, 4, ... until the bound is crossed, then bisection."""
+    lo, hi, best = 0, 1, None
+    while True:
+        got = _partial_stage(ex, algo, states, gref, data, spec, M, hi)
+        if got[4].get("density", 0.0) > spec.max_density:
+            break
+        lo, best, hi = hi, got, hi * 2
+        if hi > 1 << 40:  # never crossed (cannot happen: the whole stage crossed); keep the last probe
+            return best
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        got = _partial_stage(ex, algo, states, gref, data, spec, M, mid)
+        if got[4].get("density", 0.0) > spec.max_density:
+            hi = mid
+        else:
+            lo, best = mid, got
+    return best
 
 
 def _passes(ex, states) -> list:
