@@ -181,3 +181,27 @@ def test_json_runs_print_one_json_line_per_pass_on_stderr_when_not_a_terminal(ba
     lines = [json.loads(ln) for ln in r.stderr.strip().splitlines()]
     assert [ln["pass"] for ln in lines] == [1, 2, 3] and all(ln["event"] == "pass" for ln in lines)
     assert all("density" in ln and "holdout" in ln for ln in lines)
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("setpriv") is None, reason="needs root and setpriv")
+def test_unreadable_inputs_without_root_file_access(base, tmp_path):
+    """Root reads anything; drop its file-access capabilities so the permission bits apply."""
+    secret = tmp_path / "secret.svm"
+    secret.write_text("+1 1:1\n")
+    model = tmp_path / "secret.npz"
+    model.write_bytes((base / "m.npz").read_bytes())
+    cfg = tmp_path / "secret.toml"
+    cfg.write_text("passes = 1\n")
+    for p in (secret, model, cfg):
+        p.chmod(0)
+    drop = ["setpriv", "--inh-caps=-dac_override,-dac_read_search", "--bounding-set=-dac_override,-dac_read_search"]
+
+    def run(*args):
+        return subprocess.run([*drop, sys.executable, "-m", "cli.main", *map(str, args)], capture_output=True,
+                              text=True, env=ENV, timeout=300)
+
+    assert_clean(run("ingest", secret, "--out", tmp_path / "o.zarr"), "secret.svm", "permission denied", code=1)
+    assert_clean(run("evaluate", model, base / "st.zarr"), "secret.npz", "not readable", code=2)
+    assert_clean(run("train", base / "st.zarr", "--out", tmp_path / "m.npz", "--config", cfg), "secret.toml",
+                 "not readable", code=2)
+    assert sorted(os.listdir(tmp_path)) == ["secret.npz", "secret.svm", "secret.toml"]
