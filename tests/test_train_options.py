@@ -75,6 +75,8 @@ def test_stability_takes_loss_and_the_other_training_options(store):
     assert r.exit_code == 0, r.output
     res = json.loads(r.stdout)
     assert res["options"]["loss"] == "hinge" and res["runs"] == 2
+    lines = [json.loads(ln) for ln in r.stderr.strip().splitlines()]  # not a terminal: one JSON line per run
+    assert [ln["event"] for ln in lines] == ["run", "run"] and [ln["seed"] for ln in lines] == [0, 1]
 
 
 def test_algorithms_lists_every_registered_algorithm_from_its_params():
