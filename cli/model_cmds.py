@@ -26,8 +26,8 @@ def train(
 ):
     """Train a sparse linear model over the store's training blocks; report holdout metrics per pass.
 
-    Algorithms: sgd, tg, stsgd, two-stage, l1proj, nssl, ftrl, smidas, scd, grades, rda, fobos —
-    `sparsepipe algorithms [NAME]` describes each with its hyper-parameters (set any with --set KEY=VALUE)."""
+    --algo names every algorithm; `sparsepipe algorithms [NAME]` describes each with its hyper-parameters
+    (set any with --set KEY=VALUE)."""
     from pipeline.cluster import dask_client, default_workers
     from pipeline.model import load_model
     from pipeline.train import fit

@@ -28,6 +28,7 @@ from typing import List, Optional
 import typer
 
 from cli.app import apply_verify, fail
+from pipeline.algorithms import ALGORITHMS  # the registry only (the algorithms' modules load when used)
 
 # Run settings: read by the engine, not by the algorithm. Types for --config checks.
 RUN_TYPES = {"algo": str, "passes": int, "paths": int, "seed": int, "workers": int, "scheduler": str,
@@ -61,9 +62,8 @@ class Opt:
 
 
 OPTIONS = [
-    Opt("algo", Optional[str], "Algorithm: sgd | tg | stsgd | two-stage | l1proj | nssl | ftrl | smidas | scd | "
-        "grades | rda | fobos (default tg). `sparsepipe algorithms [NAME]` describes each and its "
-        "hyper-parameters.", kind="run"),
+    Opt("algo", Optional[str], "Algorithm: " + " | ".join(ALGORITHMS) + " (default tg). `sparsepipe algorithms "
+        "[NAME]` describes each and its hyper-parameters.", kind="run"),
     Opt("loss", Optional[str], "logistic | hinge | squared (the algorithm's default otherwise)."),
     Opt("passes", Optional[int], "Passes over the training blocks (default 5).", kind="run", min=1),
     Opt("eta", Optional[float], "Learning rate.", min=0.0),
