@@ -69,6 +69,17 @@ def test_threads_and_local_cluster_ingest_identical_stores(tmp_path, client):
     assert len(a["manifest"]["blocks"]) > 4 and a == b
 
 
+def test_thread_executor_reports_a_bad_line_and_commits_nothing(tmp_path):
+    from pipeline.ingest import IngestError
+
+    good = "+1 1:0.5 3:1\n" * 2000
+    src = tmp_path / "bad.svm"
+    src.write_text(good + "-1 2:1 2:3\n" + good)
+    with pytest.raises(IngestError, match=r"bad.svm:2001:"):
+        ingest([str(src)], str(tmp_path / "s.zarr"), IngestOptions(block_mb=0.01))
+    assert not list(tmp_path.glob("s.zarr*"))
+
+
 def test_worker_sigkilled_during_a_stage_gives_the_same_model(tmp_path):
     """A real SIGKILL of a real worker process of a real LocalCluster while training runs: Dask recomputes
     the lost (pure) tasks and the model equals an uninterrupted run's, bit for bit."""
