@@ -31,7 +31,7 @@ class App(typer.Typer):
             hint = f" (see '{ctx.command_path} --help')" if ctx is not None else ""
             typer.echo(f"error: {where}{' '.join(e.format_message().split())}{hint}", err=True)
             sys.exit(e.exit_code)
-        except (click.exceptions.Abort, typer.Abort):
+        except typer.Abort:
             typer.echo("error: aborted", err=True)
             sys.exit(EXIT_ERROR)
         except (SystemExit, KeyboardInterrupt):
