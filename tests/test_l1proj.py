@@ -81,3 +81,44 @@ def test_params_validated():
         with pytest.raises(ValueError):
             make_algorithm("l1proj", bad)
     assert set(LOSS_CODES) >= {"squared"}
+
+
+def test_int32_tree_state_bit_identical_to_int64(tmp_path, monkeypatch):
+    """The int32 node links (default below 2**31 features, issue 13) give the int64 state's model bit for bit."""
+    from pipeline.algorithms.l1proj import L1Projection
+    from pipeline.kernels import projection as P
+    from pipeline.kernels.l1proj import l1proj_block
+
+    assert P.l1tree_init(10).inode.dtype == np.int32 and P.l1tree_index_dtype(2**31).type is np.int64
+    with pytest.raises(ValueError):
+        P.l1tree_index_dtype(2**31, np.int32)
+    # whole fits (3 passes, 2 mixed paths, a warm start every stage): same weights and bias, bit for bit
+    store, truth = make_store(tmp_path, "r", 1500, 80, 8, seed=5, hetero=False, client=None)
+    opts = {"radius": 0.3 * float(np.abs(truth["w"]).sum()), "eta": 0.1, "loss": "squared"}
+    models = {}
+    for dt in (np.int32, np.int64):
+        monkeypatch.setattr(L1Projection, "index_dtype", dt)
+        assert make_algorithm("l1proj", {}).init_path(80, 0)["inode"].dtype == dt
+        models[dt] = fit(store, "l1proj", opts, passes=3, paths=2, seed=1, client=None)
+    w32, w64 = models[np.int32].dense_weights(), models[np.int64].dense_weights()
+    assert w32.tobytes() == w64.tobytes() and models[np.int32].bias == models[np.int64].bias
+    assert 0 < models[np.int32].nnz < 80  # the constraint binds
+    # kernel with rebases, and every int32 priority comparison a tie of the stored top bits (column zeroed):
+    # the full 63-bit priorities then decide, so the trees (links, sizes, key sums) match the int64 ones
+    indptr, indices, data, y, _ = regression_data(2000, 300, 10, seed=6)
+    rows = np.random.default_rng(2).permutation(2000).astype(np.int64)
+    states = {}
+    for dt in (np.int32, np.int64):
+        s = P.l1tree_init(300, seed=9, rebase_factor=2.0, index_dtype=dt)
+        if dt is np.int32:
+            s.inode[:, P.I_PRIO] = 0
+        ist, fst = np.zeros(1, np.int64), np.zeros(1)
+        l1proj_block(indptr, indices, data, y, rows, *s, ist, fst, 0.1, 1, 0.5, 1.0, LOSS_CODES["squared"],
+                     False, True)
+        states[dt] = (s, ist, fst)
+    (s32, i32, f32), (s64, i64, f64) = states[np.int32], states[np.int64]
+    assert s64.isc[P.ISC_NREBASE] > 0 and s64.isc[P.ISC_NPROJ] > 0
+    for k in ("fnode", "sgn", "fsc", "isc"):
+        assert getattr(s32, k).tobytes() == getattr(s64, k).tobytes(), k
+    np.testing.assert_array_equal(s32.inode[:, :P.I_PRIO], s64.inode[:, :P.I_PRIO])
+    assert i32.tobytes() == i64.tobytes() and f32.tobytes() == f64.tobytes()

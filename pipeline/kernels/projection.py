@@ -22,13 +22,21 @@ Sparse online L1 projection (§4 "Sparse online version" + "Without a red-black 
     ======  ============  ===================================================================
     fnode   float64[p,2]  [:, F_KEY] raw key r_j = |w_j| + Θ at (re)insertion of j;
                           [:, F_KSUM] subtree sum of keys (recomputed from children, never ± updated)
-    inode   int64[p,4]    [:, I_LEFT], [:, I_RIGHT] child ids (−1 = nil); [:, I_SIZE] subtree count,
-                          0 ⇔ j not in the tree; [:, I_PRIO] treap priority (splitmix64(seed, j) ≥ 0)
+    inode   int32[p,4]    [:, I_LEFT], [:, I_RIGHT] child ids (−1 = nil); [:, I_SIZE] subtree count,
+            (int64[p,4]   0 ⇔ j not in the tree; [:, I_PRIO] the top bits of the treap priority
+            when p ≥ 2³¹) π_j = splitmix64(seed, j) >> 1 (63 bits): π_j itself in int64, π_j >> 32 in int32
     sgn     int8[p]       σ_j ∈ {−1, 0, +1}; 0 ⇒ w_j = 0
     fsc     float64[4]    [FSC_THETA] Θ, [FSC_L1] tracked ‖w‖₁, [FSC_REBASE] rebase factor, [3] spare
-    isc     int64[4]      [ISC_ROOT] root id (−1 = empty), [ISC_NNZ] nnz(w), [ISC_NPROJ] #projections,
-                          [ISC_NREBASE] #rebases
+    isc     int64[5]      [ISC_ROOT] root id (−1 = empty), [ISC_NNZ] nnz(w), [ISC_NPROJ] #projections,
+                          [ISC_NREBASE] #rebases, [ISC_SEED] the priority seed
     ======  ============  ===================================================================
+
+    Index dtype: node ids, child links and subtree counts are < p, so ``inode`` is int32 whenever
+    p < 2³¹ (half the bytes; 266 MB instead of 531 MB at p = 16.6M) and int64 otherwise (``l1tree_init``
+    chooses from p; ``index_dtype`` forces one). Priorities compare as the full 63-bit π in both: the
+    stored column decides when it differs, and equal columns (a tie of the top 31 bits in int32, ~never in
+    int64) fall back to π recomputed from (isc[ISC_SEED], id). So both dtypes build the same trees, and every
+    result is bit-identical between them. The kernels are generic in the dtype (numba specialises).
 
     All ``l1tree_*`` numba functions take the five state arrays first, so from Python write
     ``l1tree_add_project(*st, idx, vals, z)``. Inside a learner kernel that received
@@ -62,6 +70,7 @@ __all__ = [
     "l1l2_project_kernel",
     "L1TreeState",
     "l1tree_init",
+    "l1tree_index_dtype",
     "l1tree_from_dense",
     "l1tree_update",
     "l1tree_add_project",
@@ -78,6 +87,7 @@ __all__ = [
     "ISC_NNZ",
     "ISC_NPROJ",
     "ISC_NREBASE",
+    "ISC_SEED",
     "F_KEY",
     "F_KSUM",
     "I_LEFT",
@@ -546,7 +556,8 @@ ISC_ROOT = 0
 ISC_NNZ = 1
 ISC_NPROJ = 2
 ISC_NREBASE = 3
-# columns of fnode (float64[p, 2]) and inode (int64[p, 4]); one row per node = per coordinate
+ISC_SEED = 4
+# columns of fnode (float64[p, 2]) and inode (int32 or int64 [p, 4]); one row per node = per coordinate
 F_KEY = 0
 F_KSUM = 1
 I_LEFT = 0
@@ -558,37 +569,75 @@ L1TreeState = namedtuple("L1TreeState", ["fnode", "inode", "sgn", "fsc", "isc"])
 L1TreeState.__doc__ = "State of the sparse online L1 projection; see the module docstring for the layout."
 
 
-def l1tree_init(p, seed=0, rebase_factor=64.0):
-    """Empty state (w = 0) for p coordinates; layout in the module docstring (§4 sparse online, [R])."""
+def l1tree_index_dtype(p, index_dtype=None):
+    """dtype of ``inode`` for p coordinates: int32 when p < 2³¹ (ids, links and counts fit), else int64.
+
+    ``index_dtype`` (np.int32 or np.int64) forces one; int32 for p ≥ 2³¹ is refused.
+    """
+    if index_dtype is None:
+        return np.dtype(np.int32) if p <= np.iinfo(np.int32).max else np.dtype(np.int64)
+    dt = np.dtype(index_dtype)
+    if dt not in (np.dtype(np.int32), np.dtype(np.int64)):
+        raise ValueError(f"index_dtype must be int32 or int64, got {dt}")
+    if p > np.iinfo(dt).max:
+        raise ValueError(f"index_dtype {dt} cannot hold node ids of p = {p} coordinates")
+    return dt
+
+
+def l1tree_init(p, seed=0, rebase_factor=64.0, index_dtype=None):
+    """Empty state (w = 0) for p coordinates; layout in the module docstring (§4 sparse online, [R]).
+
+    ``inode`` is int32 for p < 2³¹ and int64 above (``l1tree_index_dtype``; ``index_dtype`` forces one);
+    both give bit-identical results.
+    """
     p = int(p)
     if p < 0:
         raise ValueError("p must be >= 0")
     rebase_factor = float(rebase_factor)
     if not rebase_factor > 0.0:
         raise ValueError("rebase_factor must be > 0 (use np.inf to never rebase)")
-    inode = np.empty((p, 4), np.int64)
+    seed = _as_seed(seed)
+    dt = l1tree_index_dtype(p, index_dtype)
+    inode = np.empty((p, 4), dt)
     inode[:, I_LEFT] = -1
     inode[:, I_RIGHT] = -1
     inode[:, I_SIZE] = 0
-    _fill_prio(inode, _as_seed(seed))
+    _fill_prio(inode, seed, np.uint64(64 - 8 * dt.itemsize))
     st = L1TreeState(
         fnode=np.zeros((p, 2), np.float64),
         inode=inode,
         sgn=np.zeros(p, np.int8),
         fsc=np.zeros(4, np.float64),
-        isc=np.zeros(4, np.int64),
+        isc=np.zeros(5, np.int64),
     )
     st.fsc[FSC_REBASE] = rebase_factor
     st.isc[ISC_ROOT] = -1
+    st.isc[ISC_SEED] = seed
     return st
 
 
+@numba.njit(inline="always", **_JIT)
+def _prio_full(seed, j):
+    """Treap priority π_j = splitmix64(seed, j) >> 1 (63 bits, as uint64)."""
+    _, h = _splitmix64(np.uint64(seed) * _MIX2 + np.uint64(j) * _GOLDEN)
+    return h >> np.uint64(1)
+
+
 @numba.njit(**_JIT)
-def _fill_prio(inode, seed):
-    base = np.uint64(seed) * _MIX2
+def _fill_prio(inode, seed, shift):
+    """inode[:, I_PRIO] = π >> shift (0 for int64, 32 for int32: the top 31 bits, ≥ 0)."""
     for j in range(inode.shape[0]):
-        _, h = _splitmix64(base + np.uint64(j) * _GOLDEN)
-        inode[j, I_PRIO] = np.int64(h >> np.uint64(1))
+        inode[j, I_PRIO] = np.int64(_prio_full(seed, j) >> shift)
+
+
+@numba.njit(inline="always", **_JIT)
+def _prio_gt(inode, seed, a, b):
+    """π_a > π_b: the stored (top) bits decide unless equal, then the full 63-bit priorities do."""
+    pa = inode[a, I_PRIO]
+    pb = inode[b, I_PRIO]
+    if pa != pb:
+        return pa > pb
+    return _prio_full(seed, a) > _prio_full(seed, b)
 
 
 @numba.njit(inline="always", **_JIT)
@@ -628,7 +677,7 @@ def _push(stk, sp, x):
 
 
 @numba.njit(**_JIT)
-def _merge(a, b, fnode, inode, stk, sp0):
+def _merge(a, b, fnode, inode, seed, stk, sp0):
     """Merge treaps a < b (all keys); path nodes are pushed above sp0 and re-pulled bottom-up."""
     if a < 0:
         return b
@@ -639,7 +688,7 @@ def _merge(a, b, fnode, inode, stk, sp0):
     par = -1
     par_right = False
     while a >= 0 and b >= 0:
-        if inode[a, I_PRIO] > inode[b, I_PRIO]:
+        if _prio_gt(inode, seed, a, b):
             cur = a
             a = inode[a, I_RIGHT]
             nxt_right = True
@@ -701,14 +750,13 @@ def _split(t, j, fnode, inode, stk, sp0):
 
 
 @numba.njit(**_JIT)
-def _insert(j, root, fnode, inode, stk):
+def _insert(j, root, fnode, inode, seed, stk):
     """Insert node j (its key already set); returns the new root. Expected O(log n)."""
     sp = 0
     par = -1
     par_right = False
     n = root
-    pj = inode[j, I_PRIO]
-    while n >= 0 and inode[n, I_PRIO] > pj:
+    while n >= 0 and _prio_gt(inode, seed, n, j):
         sp = _push(stk, sp, n)
         par = n
         if _less(fnode, n, j):
@@ -733,7 +781,7 @@ def _insert(j, root, fnode, inode, stk):
 
 
 @numba.njit(**_JIT)
-def _delete(j, root, fnode, inode, stk):
+def _delete(j, root, fnode, inode, seed, stk):
     """Remove node j (must be in the tree, with its insertion key); returns the new root."""
     sp = 0
     par = -1
@@ -750,7 +798,7 @@ def _delete(j, root, fnode, inode, stk):
         else:
             par_right = True
             n = inode[n, I_RIGHT]
-    m = _merge(inode[j, I_LEFT], inode[j, I_RIGHT], fnode, inode, stk, sp)
+    m = _merge(inode[j, I_LEFT], inode[j, I_RIGHT], fnode, inode, seed, stk, sp)
     if par < 0:
         root = m
     elif par_right:
@@ -794,7 +842,7 @@ def _find_threshold(root, z, fnode, inode):
 
 
 @numba.njit(**_JIT)
-def _build_sorted(order, m, fnode, inode):
+def _build_sorted(order, m, fnode, inode, seed):
     """Treap from nodes order[:m] sorted by (key, id) in O(m) (Cartesian tree on prio); returns root."""
     if m == 0:
         return -1
@@ -804,7 +852,7 @@ def _build_sorted(order, m, fnode, inode):
         n = order[i]
         inode[n, I_RIGHT] = -1
         last = -1
-        while sp > 0 and inode[st[sp - 1], I_PRIO] < inode[n, I_PRIO]:
+        while sp > 0 and _prio_gt(inode, seed, n, st[sp - 1]):
             sp -= 1
             last = st[sp]
         inode[n, I_LEFT] = last
@@ -878,7 +926,7 @@ def l1tree_rebase(fnode, inode, sgn, fsc, isc):
     l1 = 0.0
     for i in range(m):
         l1 += fnode[order[i], F_KEY]
-    isc[ISC_ROOT] = _build_sorted(order, m, fnode, inode)
+    isc[ISC_ROOT] = _build_sorted(order, m, fnode, inode, isc[ISC_SEED])
     isc[ISC_NNZ] = m
     isc[ISC_NREBASE] += 1
     fsc[FSC_THETA] = 0.0
@@ -916,6 +964,7 @@ def l1tree_axpy_project_stk(fnode, inode, sgn, fsc, isc, idx, data, alpha, z, st
     l1 = fsc[FSC_L1]
     root = isc[ISC_ROOT]
     nnz = isc[ISC_NNZ]
+    seed = isc[ISC_SEED]
     for t in range(k):
         g = alpha * data[t]
         if g == 0.0:
@@ -926,7 +975,7 @@ def l1tree_axpy_project_stk(fnode, inode, sgn, fsc, isc, idx, data, alpha, z, st
             mag = fnode[j, F_KEY] - theta
             if mag > 0.0:
                 old = mag if sgn[j] > 0 else -mag
-            root = _delete(j, root, fnode, inode, stk)
+            root = _delete(j, root, fnode, inode, seed, stk)
         new = old + g
         l1 += abs(new) - abs(old)
         if old != 0.0:
@@ -934,7 +983,7 @@ def l1tree_axpy_project_stk(fnode, inode, sgn, fsc, isc, idx, data, alpha, z, st
         if new != 0.0:
             fnode[j, F_KEY] = abs(new) + theta
             sgn[j] = 1 if new > 0.0 else -1
-            root = _insert(j, root, fnode, inode, stk)
+            root = _insert(j, root, fnode, inode, seed, stk)
             nnz += 1
         else:
             fnode[j, F_KEY] = 0.0
@@ -1009,16 +1058,16 @@ def l1tree_update(state, idx, vals, z, alpha=1.0):
     return bool(l1tree_axpy_project(*state, idx, vals, float(alpha), z))
 
 
-def l1tree_from_dense(w, seed=0, rebase_factor=64.0):
+def l1tree_from_dense(w, seed=0, rebase_factor=64.0, index_dtype=None):
     """State holding the given w (Θ = 0, no projection applied), built in O(p log p)."""
     w = _as_vec(w, "w")
-    st = l1tree_init(w.size, seed=seed, rebase_factor=rebase_factor)
+    st = l1tree_init(w.size, seed=seed, rebase_factor=rebase_factor, index_dtype=index_dtype)
     nz = np.flatnonzero(w)
     mag = np.abs(w[nz])
     order = nz[np.argsort(mag, kind="stable")].astype(np.int64)  # ties ordered by id
     st.fnode[nz, F_KEY] = mag
     st.sgn[nz] = np.sign(w[nz]).astype(np.int8)
-    st.isc[ISC_ROOT] = _build_sorted(order, order.size, st.fnode, st.inode)
+    st.isc[ISC_ROOT] = _build_sorted(order, order.size, st.fnode, st.inode, st.isc[ISC_SEED])
     st.isc[ISC_NNZ] = nz.size
     st.fsc[FSC_L1] = float(mag.sum())
     return st
