@@ -158,8 +158,8 @@ class RefitProblem:
         w = np.asarray(w, dtype=np.float64)
         if self.client is not None and w.nbytes > SCATTER_BYTES:  # once per evaluation, not once per block task
             w = self.client.scatter(w, broadcast=True, hash=False)
-        parts = [self.ex.submit(block_task, self.data, b, self.sup_ref, self.sig, w, float(bias), self.code,
-                                self.cache_bytes) for b in range(len(self.data.keys))]
+        parts = [self.ex.submit_pinned(b, block_task, self.data, b, self.sup_ref, self.sig, w, float(bias),
+                                       self.code, self.cache_bytes) for b in range(len(self.data.keys))]
         return self.ex.result(tree(self.ex, parts, _add))
 
     def evaluate(self, theta) -> tuple[float, np.ndarray]:

@@ -10,19 +10,26 @@ from pipeline.model import Model
 def fit(store_path: str, algo: str = "tg", options: dict | None = None, *, passes: int = 5, paths: int = 1,
         seed: int = 0, client=None, init_model: Model | None = None, placement: str = "paths",
         stage_blocks: int = 0, evaluate: bool = True, max_density: float | None = None,
-        evaluate_every: int = 1, shuffle_window: int = 4, progress=None, blocks=None) -> Model:
+        evaluate_every: int = 1, shuffle_window: int = 4, progress=None, blocks=None,
+        refit: dict | None = None) -> Model:
     """Train and return the aggregated sparse model (optimiser state included for warm start/resume).
 
     With ``init_model`` of the same algorithm, hyper-parameters and number of paths, training resumes
     exactly where it stopped ("2 passes + 3 passes" equals "5 passes"); otherwise its weights warm-start
     every path. ``blocks`` (block keys, e.g. :func:`pipeline.store.reader.Store.window`) restricts training
     to those blocks; None: all training blocks.
+    ``refit`` (a dict of :func:`pipeline.refit.refit` keywords: l2, max_iter, loss, tol; ``{}`` for the
+    defaults) refits the selected support with an L2 penalty; the holdout metrics are then the refitted
+    model's (the sparse model's are kept in ``meta['refit']['holdout_before']``).
     """
     from pipeline.engine import train
     from pipeline.store.reader import open_store
 
+    from pipeline.store.stats import data_scale
+
     algorithm = make_algorithm(algo, dict(options or {}))
     st = open_store(store_path)
+    algorithm.calibrate(data_scale(st))  # before the resume check: resolved values are part of hyper()
     init_states = init_gstate = warm = None
     resumed = False
     if init_model is not None:
@@ -55,7 +62,25 @@ def fit(store_path: str, algo: str = "tg", options: dict | None = None, *, passe
         "history": _jsonable(res.history),
         "holdout": _jsonable(last.get("holdout")),
     }
-    return Model.from_dense(res.w, res.bias, meta=meta, states=res.states, gstate=res.gstate)
+    model = Model.from_dense(res.w, res.bias, meta=meta, states=res.states, gstate=res.gstate)
+    if refit is not None:
+        model = _refit(model, st, client, blocks, evaluate, refit)
+    return model
+
+
+def _refit(model: Model, st, client, blocks, evaluate: bool, options: dict) -> Model:
+    """The relaxed-lasso refit of ``model`` on its support (pipeline/refit.py), with its holdout metrics."""
+    from pipeline.evaluate import evaluate_store
+    from pipeline.refit import refit
+
+    model = refit(model, st.path, client=client, blocks=blocks, **options)
+    keep = None if blocks is None else set(blocks)
+    if evaluate and any(keep is None or e["key"] in keep for e in st.entries("holdout")):
+        res = evaluate_store(model, st.path, "holdout", client, blocks=blocks)
+        model.meta["holdout"] = _jsonable({k: v for k, v in res.items()
+                                           if k not in ("split", "store", "blocks", "nnz", "density", "n_features")})
+    model.meta["refit"] = _jsonable(model.meta["refit"])
+    return model
 
 
 def _jsonable(x):

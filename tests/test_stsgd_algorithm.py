@@ -14,7 +14,8 @@ from tests.test_engine import same_model as same
 
 # the paper's rules (informative truncation, adaptive gravity), which the tests below exercise
 OPTS = {"eta": 0.05, "K": 4, "n_K": 8, "tol": 0.0, "gamma": -1.0, "pi0": 0.6, "beta0": 0.5,
-        "truncation": "informative", "gravity": "adaptive", "bias_adagrad": False}
+        "truncation": "informative", "gravity": "adaptive", "bias_adagrad": False, "scale": "none",
+        "schedule": "sqrt"}
 # the defaults' rules at scale (uniform lazy truncation, L1 gravity, AdaGrad steps)
 SCALE = {"eta": 0.05, "K": 4, "tol": 0.0, "pi0": 0.6, "truncation": "uniform", "gravity": "l1", "l1": 1e-3,
          "adagrad": True, "adagrad_delta": 0.01}
@@ -127,7 +128,7 @@ def test_stability_command_json(store, client):
                                    "--paths", "2", "--scheduler", client.scheduler.address, "--json",
                                    "--set", "eta=0.05", "--set", "n_K=3"])
     assert res.exit_code == 0, res.output
-    out = json.loads(res.output[res.output.index("{"):])
+    out = json.loads(res.output[res.output.index("{\n"):])  # the summary, after the one-line progress objects
     for k in ("runs", "error_mean", "error_sd", "density_mean", "density_sd", "kappa"):
         assert k in out
     assert out["runs"] == 3 and -1.0 <= out["kappa"] <= 1.0 and 0.0 <= out["error_mean"] <= 1.0

@@ -64,6 +64,10 @@ class Algorithm:
     def __init__(self, params):
         self.params = params
 
+    def calibrate(self, scale: dict) -> None:
+        """Resolve data-relative hyper-parameters from the training split's ``scale``
+        (:func:`pipeline.store.stats.data_scale`); called by the engine before training. Default: none."""
+
     # --- per path -----------------------------------------------------------------------------
     def init_path(self, n_features: int, path: int) -> dict:
         raise NotImplementedError

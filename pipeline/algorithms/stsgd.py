@@ -77,9 +77,11 @@ class STSGDParams:
     """
 
     loss: str = "logistic"          # logistic | hinge
-    eta: float = 1.0                # η; η_t = η/√t with schedule "sqrt" (the R code), η with "constant"
-    schedule: str = "sqrt"          # sqrt (1/sqrt(t), t = per-path update count) | constant
-    K: int = 5                      # K0, burst size (ST-2/ST-3)
+    eta: float = 1.0                # η; η_t = η/√t with schedule "sqrt" (the R code), η with "constant";
+                                    # with scale "data" in units of 1/E‖x‖² (the store's mean squared row norm)
+    schedule: str = "constant"      # constant | sqrt (1/sqrt(t), t = per-path update count; the R code)
+    K: int = 1000                   # K0, burst size (ST-2/ST-3); the paper's 5 is an option. With scale "data"
+                                    # at most rows/20, so a stage holds at least ~20 bursts
     n_K: int = 0                    # bursts per stage; 0 = no limit (stage = a pass / --stage-blocks blocks);
                                     # the paper's 5 is an option (see the class docstring)
     beta0: float = 0.7              # maximal (initial) rejection rate (ST-9/ST-10)
@@ -95,7 +97,10 @@ class STSGDParams:
                                     # touched: g0·K on the burst's touched coordinates only
     gravity: str = "l1"             # base gravity g0: "l1" = η·l1 per update (the L1 strength of TG) [R];
                                     # "adaptive" = the paper's rejection-rate quantile rule (ST-9/ST-10)
-    l1: float = 1e-5                # λ of gravity "l1": g0 = η_t·λ (η_t at the stage start for "sqrt")
+    l1: float = 1e-3                # λ of gravity "l1": g0 = η_t·λ per update (η_t at the stage start for
+                                    # "sqrt"); with scale "data" in units of the rms non-zero value, so a burst
+                                    # of K = 1/λ updates truncates by one typical gradient step
+    scale: str = "data"             # "data": eta, l1 and K relative to the store's statistics [R]; "none": literal
     adagrad: bool = False           # per-coordinate steps η_t/(δ + √Σg_j²) (ALGORITHMS.md §8); gravity scales too
     adagrad_delta: float = 1.0      # δ of AdaGrad
     bias_adagrad: bool = True       # AdaGrad step for the bias alone (its value 1 dwarfs a normalised row's) [R]
@@ -145,6 +150,7 @@ class STSGDParams:
             raise ValueError(f"ratio_pool must be 'stage' or 'stable', got {self.ratio_pool!r}")
         check_choice("truncation", self.truncation, TRUNCATIONS)
         check_choice("gravity", self.gravity, ("l1", "adaptive"))
+        check_choice("scale", self.scale, ("data", "none"))
         check_nonnegative("l1", self.l1)
         check_positive("adagrad_delta", self.adagrad_delta)
         if self.ratio not in RATIOS:
@@ -162,6 +168,24 @@ class STSGD(Algorithm):
     shared_keys = ("ctrl",)
     feature_keys = ()  # rec is padded along axis 0 by resize below
 
+    def __init__(self, params):
+        super().__init__(params)
+        self.eta, self.l1, self.K = params.eta, params.l1, params.K  # resolved by calibrate (scale "data")
+
+    def calibrate(self, scale):
+        """Scale "data": η = eta / E‖x‖², λ = l1·rms(x_ij), K = min(K, rows // 20) (at least 1)."""
+        p = self.params
+        if p.scale == "data":
+            self.eta = p.eta / scale["mean_sq_norm"]
+            self.l1 = p.l1 * scale["x_rms"]
+            self.K = max(1, min(p.K, scale["rows"] // 20))
+
+    def hyper(self):
+        h = super().hyper()
+        if self.params.scale == "data":
+            h["resolved"] = {"eta": self.eta, "l1": self.l1, "K": self.K}
+        return h
+
     # --- per path -----------------------------------------------------------------------------
     def _initial_ctrl(self):
         p = self.params
@@ -174,14 +198,14 @@ class STSGD(Algorithm):
             g0 = p.g0_init
         else:
             g0, quant = 0.0, 1.0
-        K0 = p.K if p.alpha == 0 else R.burst_size(p.K, p.alpha, 1.0)
+        K0 = self.K if p.alpha == 0 else R.burst_size(self.K, p.alpha, 1.0)
         return np.array([g0, p.beta0, float(K0), quant], dtype=np.float64)
 
     def _l1_gravity(self, updates: int) -> float:
         """g0 of gravity "l1": η_t·λ per update, TG's gravity per step (η_t at ``updates`` done)."""
         p = self.params
-        eta = p.eta / math.sqrt(updates + 1) if p.schedule != "constant" else p.eta
-        return eta * p.l1
+        eta = self.eta / math.sqrt(updates + 1) if p.schedule != "constant" else self.eta
+        return eta * self.l1
 
     @property
     def _ada(self) -> int:
@@ -229,7 +253,7 @@ class STSGD(Algorithm):
         rec = state["rec"]
         consumed = KS.stsgd_block(
             indptr, indices, data, y, rows, start, rec, KS.int_view(rec), state["touched"], state["istate"],
-            state["fstate"], state["ratios"], p.eta, SCHEDULES[p.schedule], int(c[C_K]), c[C_G0],
+            state["fstate"], state["ratios"], self.eta, SCHEDULES[p.schedule], int(c[C_K]), c[C_G0],
             LOSS_CODES[p.loss], p.hinge_at_one, TRUNCATIONS[p.truncation], p.count_violations_only, p.fit_bias,
             p.n_K, bool(c[C_QUANT]), c[C_BETA], state["acc"], self._ada, p.adagrad_delta)
         done = p.n_K > 0 and state["istate"][KS.I_STAGE_BURSTS] >= p.n_K
@@ -329,7 +353,7 @@ class STSGD(Algorithm):
             if p.ratio_pool == "stable" and purged.size and ratios.shape[0]:
                 ratios = ratios[~np.isin(ratios[:, 0].astype(np.int64), purged)]
             g0_next = R.adaptive_gravity(ratios[:, 1], beta_next) if ratios.shape[0] else g0_used
-        K_next = R.burst_size(p.K, p.alpha, max(d, 1e-300)) if p.alpha > 0 else p.K
+        K_next = R.burst_size(self.K, p.alpha, max(d, 1e-300)) if p.alpha > 0 else self.K
         # (ST-13) aggregation of the purged paths
         widx, wsum = total["w"]
         keep = ~np.isin(widx, purged) if purged.size else np.ones(widx.shape[0], dtype=bool)

@@ -18,6 +18,8 @@ import json
 import os
 
 import numba
+import math
+
 import numpy as np
 
 from pipeline import arena
@@ -182,3 +184,14 @@ def dense_stats(group: str, width: int) -> tuple[np.ndarray, np.ndarray]:
     col_sumsq[f[keep]] = s[keep]
     return col_nnz, col_sumsq
 
+
+
+def data_scale(store) -> dict:
+    """Scalars of a store's training split that make steps and gravity scale-free: rows, non-zeros, the
+    mean squared row norm E‖x‖² = Σ col_sumsq / rows and the rms non-zero value √(Σ col_sumsq / nnz)."""
+    _, count, sumsq = read_stats(f"{store.path}/{store.manifest['stats']}")
+    rows = int(sum(e["rows"] for e in store.entries("train")))
+    nnz = int(count.sum())
+    ss = float(sumsq.sum())
+    return {"rows": rows, "nnz": nnz, "mean_sq_norm": ss / max(rows, 1) or 1.0,
+            "x_rms": math.sqrt(ss / nnz) if nnz and ss > 0 else 1.0}
