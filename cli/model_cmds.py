@@ -77,7 +77,8 @@ def train(
                         stage_blocks=run.get("stage_blocks", 0), max_density=run.get("max_density"),
                         evaluate_every=run.get("evaluate_every", 1),
                         shuffle_window=run.get("shuffle_window", 4), progress=progress,
-                        refit=_refit_options(refit, refit_l2, refit_iters))
+                        refit=_refit_options(refit, refit_l2, refit_iters),
+                        blocks=_window(str(store), run.get("generations", 0)))
         bar.close()
         model.save(out)
         if run.get("record_path"):
@@ -109,6 +110,17 @@ def train(
         if not h:
             typer.echo(f"note: {store} has no holdout blocks; measure the model with "
                        f"`sparsepipe evaluate {out} TEST_STORE --split all`", err=True)
+
+
+def _window(store: str, last: int):
+    """Block keys (training and holdout) of the newest ``last`` generations; None for all."""
+    if not last:
+        return None
+    from pipeline.store.reader import open_store
+
+    st = open_store(store)
+    gens = st.window(last)
+    return st.keys("train", gens) + st.keys("holdout", gens)
 
 
 _PRINTED = {"pass", "stage", "nnz", "density", "seconds", "elapsed", "holdout"}

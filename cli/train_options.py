@@ -33,10 +33,10 @@ from pipeline.algorithms import ALGORITHMS  # the registry only (the algorithms'
 # Run settings: read by the engine, not by the algorithm. Types for --config checks.
 RUN_TYPES = {"algo": str, "passes": int, "paths": int, "seed": int, "workers": int, "scheduler": str,
              "placement": str, "stage_blocks": int, "max_density": float, "record_path": str,
-             "evaluate_every": int, "shuffle_window": int}
+             "evaluate_every": int, "shuffle_window": int, "generations": int}
 RUN_KEYS = set(RUN_TYPES)
 RUN_MIN = {"passes": 1, "paths": 1, "workers": 1, "evaluate_every": 1, "shuffle_window": 1, "stage_blocks": 0,
-           "max_density": 0.0}
+           "generations": 0, "max_density": 0.0}
 # ablation switches: CLI flag -> (hyper-parameter, value); only for algorithms that have that parameter
 SWITCHES = {"no_informative": ("truncation", "touched"), "no_stability": ("stability", False)}
 
@@ -93,6 +93,8 @@ OPTIONS = [
         "(default 4; guards against label-sorted inputs).", kind="run", min=1),
     Opt("stage_blocks", Optional[int], "Multi-path algorithms: blocks per path per stage (0 = the algorithm's "
         "own stage length).", kind="run", min=0),
+    Opt("generations", Optional[int], "Train on the blocks of the newest N generations (ingests/appends) only "
+        "(0 = all, the default); the holdout is then their holdout blocks.", kind="run", min=0),
     Opt("no_informative", bool, "STSGD ablation: truncate only the burst's touched coordinates by g0·K.",
         default=False, flags=("--no-informative",), kind="switch"),
     Opt("no_stability", bool, "STSGD ablation: no purging.", default=False, flags=("--no-stability",),

@@ -303,3 +303,28 @@ def test_retrain_without_new_trains_on_current_window(base2, tmp_path):
 def test_shipped_nightly_config_loads():
     cfg = load_job(os.path.join(ROOT, "configs", "nightly.toml"))
     assert cfg.algo == "tg" and cfg.gate.metric == "error" and cfg.validation.max_unseen_share == 0.5
+
+
+def test_train_generations_window_reads_only_the_newest_generations(base2, tmp_path):
+    """`train --generations 1` trains on the newest generation's training blocks only: the same weights as
+    fit() given exactly those blocks, and not the weights of training on both generations."""
+    from pipeline.store.reader import open_store
+    from pipeline.train import fit
+
+    d = base2[0]
+    store = f"{d}/store.zarr"
+    st = open_store(store)
+    assert len(st.generations()) == 2
+    newest = st.window(1)
+    out = tmp_path / "m.npz"
+    res = CliRunner().invoke(app, ["train", store, "--out", str(out), "--algo", "tg", "--passes", "2",
+                                   "--paths", "1", "--generations", "1", "--eta", "0.5", "--gravity", "0.001"])
+    assert res.exit_code == 0, res.output
+    opts = {"eta": 0.5, "gravity": 0.001}
+    only = fit(store, "tg", opts, passes=2, paths=1, client=None,
+               blocks=st.keys("train", newest) + st.keys("holdout", newest))
+    both = fit(store, "tg", opts, passes=2, paths=1, client=None)
+    m = load_model(out)
+    assert np.array_equal(m.coef_indices, only.coef_indices) and np.array_equal(m.coef_values, only.coef_values)
+    assert not (m.nnz == both.nnz and np.array_equal(m.coef_values, both.coef_values))
+    assert m.meta["holdout"]["n_rows"] == only.meta["holdout"]["n_rows"] < both.meta["holdout"]["n_rows"]
