@@ -44,7 +44,10 @@ DEFAULT_L2 = None
 L2_PER_ROW = 3e-3
 DEFAULT_MAX_ITER = 100
 DEFAULT_TOL = 1e-6
-DEFAULT_CACHE_BYTES = 1 << 30
+# Compacted blocks are cached per worker between evaluations; when a worker's share does not fit, every
+# evaluation re-reads and re-compacts its blocks (at webspam scale a 1 GiB budget made each evaluation a full
+# decode of the store). 4 GiB holds a 2-worker share of a 16.6M-feature store's compaction to ~20k columns.
+DEFAULT_CACHE_BYTES = 4 << 30
 SCATTER_BYTES = 1 << 16  # a larger weight vector goes to the workers scattered, once per evaluation
 
 
