@@ -316,7 +316,8 @@ def _mini_stsgd(beta0, pi0, stages=6, M=3, p=40, n=150, K=5, n_K=5, seed=0):
                 pos[m] += KS.stsgd_block(
                     indptr, indices, data, y, perms[m], pos[m], stt["rec"], KS.int_view(stt["rec"]),
                     stt["touched"], stt["istate"], stt["fstate"], stt["ratios"], 0.5, 1, K,
-                    g0, 0, False, True, False, False, n_K, s == 0, beta)
+                    g0, 0, False, KS.TRUNC_INFORMATIVE, False, False, n_K, s == 0, beta, stt["acc"], KS.ADA_OFF,
+                    1.0)
         views = [KS.views(t) for t in paths]
         counters = R.tree_merge([R.sparse_counters(v["cnt_evid"], v["cnt_surv"], v["cnt_upd"])
                                  for v in views])
