@@ -27,6 +27,8 @@ import socket
 import tempfile
 import time
 
+from pipeline.store.format import _fsync_dir
+
 FORMAT = "sparsepipe-registry"
 FORMAT_VERSION = 1
 
@@ -41,19 +43,6 @@ class LockedError(RegistryError):
 
 def now() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S%z")
-
-
-def _fsync_dir(path: str) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 def atomic_write(path: str, data: bytes) -> None:
