@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -97,18 +96,9 @@ class Model:
         for k, v in (self.gstate or {}).items():
             arrays[f"state/global/{k}"] = np.asarray(v)
         arrays["meta"] = np.frombuffer(json.dumps(meta, default=json_default).encode(), dtype=np.uint8)
-        d = os.path.dirname(os.path.abspath(path)) or "."
-        fd, tmp = tempfile.mkstemp(prefix=".model-", suffix=".npz", dir=d)
-        try:
-            with os.fdopen(fd, "wb") as f:
-                _savez(f, arrays)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-            raise
+        from pipeline.atomic import write_atomically
+
+        write_atomically(path, lambda f: _savez(f, arrays), prefix=".model-", suffix=".npz")
         return path
 
 

@@ -24,10 +24,9 @@ import fcntl
 import json
 import os
 import socket
-import tempfile
 import time
 
-from pipeline.store.format import _fsync_dir
+from pipeline.atomic import fsync_dir, write_atomically
 
 FORMAT = "sparsepipe-registry"
 FORMAT_VERSION = 1
@@ -47,19 +46,7 @@ def now() -> str:
 
 def atomic_write(path: str, data: bytes) -> None:
     """Write ``data`` to ``path`` through a temporary file in the same directory, fsync, os.replace."""
-    d = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", suffix=".tmp", dir=d)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-    _fsync_dir(d)
+    write_atomically(path, lambda f: f.write(data))
 
 
 def atomic_write_json(path: str, obj) -> None:
@@ -161,7 +148,7 @@ class Registry:
         version = int(record["version"])
         path = self.model_file(version)
         model.save(path)
-        _fsync_dir(self.models_dir)
+        fsync_dir(self.models_dir)
         if fault:
             fault("during_promote")
         rec = {**record, "file": os.path.relpath(path, self.path), "created": record.get("created") or now()}

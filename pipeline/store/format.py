@@ -21,6 +21,7 @@ import shutil
 
 import numpy as np
 
+from pipeline.atomic import fsync_dir as _fsync_dir
 from pipeline.store import codec
 
 FORMAT = "sparsepipe-store"
@@ -214,17 +215,6 @@ def write_manifest(path: str, manifest: dict) -> None:
     _fsync_dir(path)
 
 
-def _fsync_dir(path: str) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 def dir_size(path: str) -> int:
