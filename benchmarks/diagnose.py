@@ -47,10 +47,10 @@ def diagnose(store: str, truth: str, algo: str, options: dict, passes: int, path
     p = st.n_features
     tidx, tval = load_truth(truth)
     rank = frequency_ranks(np.asarray(st.feature_stats()["col_nnz"]))
-    from pipeline.store.stats import data_scale
+    from pipeline.store.stats import calibrate
 
     alg = make_algorithm(algo, options)
-    alg.calibrate(data_scale(st))
+    calibrate(alg, st)
     tr = st.entries("train")
     data = DataRef(st.path, st.manifest["manifest_version"], tuple(e["key"] for e in tr),
                    tuple(e["rows"] for e in tr), p, cache_bytes)

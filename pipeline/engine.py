@@ -458,11 +458,11 @@ def train(store_path: str, algo: Algorithm, *, passes: int, paths: int, seed: in
     of generations); None: every block of the store.
     """
     from pipeline.store.reader import open_store
-    from pipeline.store.stats import data_scale
+    from pipeline.store.stats import calibrate
 
     st = open_store(store_path)
     p = st.n_features
-    algo.calibrate(data_scale(st))
+    calibrate(algo, st)
     keep = None if blocks is None else set(blocks)
     train_entries = [e for e in st.entries("train") if keep is None or e["key"] in keep]
     if not train_entries:

@@ -25,11 +25,11 @@ def fit(store_path: str, algo: str = "tg", options: dict | None = None, *, passe
     from pipeline.engine import train
     from pipeline.store.reader import open_store
 
-    from pipeline.store.stats import data_scale
+    from pipeline.store.stats import calibrate
 
     algorithm = make_algorithm(algo, dict(options or {}))
     st = open_store(store_path)
-    algorithm.calibrate(data_scale(st))  # before the resume check: resolved values are part of hyper()
+    calibrate(algorithm, st)  # before the resume check: resolved values are part of hyper()
     init_states = init_gstate = warm = None
     resumed = False
     if init_model is not None:

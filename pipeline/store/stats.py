@@ -195,3 +195,11 @@ def data_scale(store) -> dict:
     ss = float(sumsq.sum())
     return {"rows": rows, "nnz": nnz, "mean_sq_norm": ss / max(rows, 1) or 1.0,
             "x_rms": math.sqrt(ss / nnz) if nnz and ss > 0 else 1.0}
+
+
+def calibrate(algo, store) -> None:
+    """``algo.calibrate(data_scale(store))`` once per store version (fit and the engine both ask for it)."""
+    key = (store.path, store.manifest["manifest_version"])
+    if getattr(algo, "_scale_key", None) != key:
+        algo.calibrate(data_scale(store))
+        algo._scale_key = key
