@@ -7,6 +7,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from pipeline.algorithms import stsgd_rules as R
+from pipeline.kernels.sparse_sets import sorted_member, union_positions
 
 
 # ------------------------------------------------------------------------------------------------
@@ -359,3 +360,19 @@ def test_mini_stsgd_beta0_zero_is_sgd_without_purging():
     for alive, beta, g0, rate in log:
         assert beta == 0.0 and g0 == 0.0
         assert alive.all()  # nothing ever truncated ⇒ Π̂ = 1 ⇒ nothing purged
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_linear_merges_equal_numpy_sorting_references(seed):
+    """union_positions / sorted_member (two-pointer passes over sorted ids) == np.union1d + searchsorted / np.isin."""
+    rng = np.random.default_rng(seed)
+    for na, nb in [(0, 0), (0, 5), (7, 0), (50, 300), (1000, 1000)]:
+        ia = np.unique(rng.integers(0, 2000, na)).astype(np.int64)
+        ib = np.unique(rng.integers(0, 2000, nb)).astype(np.int64)
+        u, pa, pb = union_positions(ia, ib)
+        ref = np.union1d(ia, ib)
+        np.testing.assert_array_equal(u, ref)
+        np.testing.assert_array_equal(pa, np.searchsorted(ref, ia))
+        np.testing.assert_array_equal(pb, np.searchsorted(ref, ib))
+        np.testing.assert_array_equal(sorted_member(ia, ib), np.isin(ia, ib))
+        np.testing.assert_array_equal(sorted_member(ib, ia), np.isin(ib, ia))

@@ -38,6 +38,7 @@ from pipeline.algorithms import stsgd_rules as R
 from pipeline.algorithms.base import Algorithm, check_choice, check_nonnegative, check_positive
 from pipeline.kernels import stsgd as KS
 from pipeline.kernels.losses import LOSS_CODES
+from pipeline.kernels.sparse_sets import sorted_member
 
 SCHEDULES = {"sqrt": KS.SCHEDULE_INVSQRT, "invsqrt": KS.SCHEDULE_INVSQRT, "constant": KS.SCHEDULE_CONSTANT}
 RATIOS = ("c", "paper")
@@ -328,7 +329,7 @@ class STSGD(Algorithm):
         else:
             purged = np.zeros(0, dtype=np.int64)
         if purged.size and new_carry[0].size:
-            keep = ~np.isin(new_carry[0], purged)
+            keep = ~sorted_member(new_carry[0], purged)
             new_carry = tuple(x[keep] for x in new_carry)
         n_alive = int(g["n_alive"]) - int(purged.size)
         seen = g["seen"].copy()
@@ -356,7 +357,7 @@ class STSGD(Algorithm):
         K_next = R.burst_size(self.K, p.alpha, max(d, 1e-300)) if p.alpha > 0 else self.K
         # (ST-13) aggregation of the purged paths
         widx, wsum = total["w"]
-        keep = ~np.isin(widx, purged) if purged.size else np.ones(widx.shape[0], dtype=bool)
+        keep = ~sorted_member(widx, purged) if purged.size else np.ones(widx.shape[0], dtype=bool)
         widx, wbar = widx[keep], wsum[keep] / M
         nz = wbar != 0.0
         widx, wbar = widx[nz], wbar[nz]

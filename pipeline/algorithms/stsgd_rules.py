@@ -1,4 +1,5 @@
-"""STSGD stage-end rules — ALGORITHMS.md §2, (ST-6)–(ST-13). Pure NumPy, no Dask, no I/O.
+"""STSGD stage-end rules — ALGORITHMS.md §2, (ST-6)–(ST-13). NumPy (and the linear-time merges of
+pipeline.kernels.sparse_sets), no Dask, no I/O.
 
 The kernel (pipeline.kernels.stsgd) leaves per-path dense counters ``cnt_evid`` (c), ``cnt_surv``
 (b), ``cnt_upd`` (κ) and a ratio buffer. Between paths everything travels SPARSELY:
@@ -23,6 +24,8 @@ Stage-end sequence (driver):
 import math
 
 import numpy as np
+
+from pipeline.kernels.sparse_sets import union_positions
 
 # ---------------------------------------------------------------------------------------------
 # sparse counter exchange
@@ -57,9 +60,7 @@ def merge_sparse(a, b):
         raise ValueError("merge_sparse: sets have different numbers of value arrays")
     ia = np.asarray(a[0], dtype=np.int64)
     ib = np.asarray(b[0], dtype=np.int64)
-    u = np.union1d(ia, ib)
-    pa = np.searchsorted(u, ia)
-    pb = np.searchsorted(u, ib)
+    u, pa, pb = union_positions(ia, ib)  # O(|a| + |b|): both are sorted
     out = [u]
     for va, vb in zip(a[1:], b[1:]):
         va = np.asarray(va)
@@ -152,16 +153,18 @@ def carried_selection_probability(carry, counters, delta_K=0, ratio="c"):
     """
     if carry is None:
         carry = empty_sparse(3)
-    # align: merged idx; carry values and stage values on the same idx
-    zero_stage = (np.asarray(counters[0], dtype=np.int64),) + tuple(
-        np.zeros(len(counters[0]), dtype=np.int64) for _ in range(3))
-    zero_carry = (np.asarray(carry[0], dtype=np.int64),) + tuple(
-        np.zeros(len(carry[0]), dtype=np.int64) for _ in range(3))
-    c_al = merge_sparse(carry, zero_stage)
-    s_al = merge_sparse(zero_carry, counters)
-    idx = c_al[0]
-    prob, c_t, b_t, k_t = carried_counters_elementwise(
-        c_al[1], c_al[2], c_al[3], s_al[1], s_al[2], s_al[3], delta_K, ratio)
+    if len(carry[0]) == 0:  # always with δ_K = 0 (the default): the stage's own ids, no alignment
+        idx = np.asarray(counters[0], dtype=np.int64)
+        zero = np.zeros(idx.shape[0], dtype=np.int64)
+        carried, stage = (zero, zero, zero), tuple(counters[1:])
+    else:  # align: merged idx; carry values and stage values on the same idx
+        zero_stage = (np.asarray(counters[0], dtype=np.int64),) + tuple(
+            np.zeros(len(counters[0]), dtype=np.int64) for _ in range(3))
+        zero_carry = (np.asarray(carry[0], dtype=np.int64),) + tuple(
+            np.zeros(len(carry[0]), dtype=np.int64) for _ in range(3))
+        c_al = merge_sparse(carry, zero_stage)
+        idx, carried, stage = c_al[0], c_al[1:], merge_sparse(zero_carry, counters)[1:]
+    prob, c_t, b_t, k_t = carried_counters_elementwise(*carried, *stage, delta_K, ratio)
     kept = (k_t <= delta_K) & (k_t > 0)
     new_carry = (idx[kept], c_t[kept], b_t[kept], k_t[kept])
     return idx, prob, new_carry
