@@ -348,7 +348,10 @@ def run_stages(ex, algo: Algorithm, states: list, gstate: dict, data: DataRef, s
         if min(passes) >= spec.end_pass or (max_stages is not None and stage >= max_stages):
             break
         t0 = time.time()
-        before = (states, gstate, gref, decision)
+        # the stage's inputs are kept only for the --max-density search; otherwise a path's input state is
+        # released as soon as its advance has made the private copy's successor (one state per path in memory
+        # between stages, two only during the advance)
+        before = (states, gstate, gref, decision) if spec.max_density is not None else None
         states = [ex.submit(advance_task, algo, states[m], data, spec, m) for m in range(M)]
         summaries = [ex.submit(summarize_task, algo, s) for s in states]
         total = tree(ex, summaries, _combine, algo)

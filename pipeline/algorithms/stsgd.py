@@ -15,9 +15,9 @@ boundary rule makes stages identical whether training runs 5 passes at once or 2
 engine always ends the last stage at the pass boundary, so every run must. A stage that ends inside a
 burst (pass end, stage_blocks, end of training) closes that burst early with its actual counts
 (informative amount g0·k̃_j; uniform g0·updates) in :meth:`end_stage`, on the engine's private copy. ``apply``
-returns a new dict with a copy of the record whose stage counters are zeroed and whose purged features are
-marked, and marks the stage start (``stage_pass`` = −1), where the next :meth:`advance` resets the kernel's
-stage burst count and ratio fill.
+returns a new dict that shares the record, holds the purge list (``purge``) and marks the stage start
+(``stage_pass`` = −1), where the next :meth:`advance` (on its private copy) purges, zeroes the stage counters
+and resets the kernel's stage burst count and ratio fill: a stage end copies no per-feature array.
 
 State. Per path: the kernel arrays of ``new_path_state`` — ``rec`` float64[p, 4], one 32-byte record per
 feature holding w, w_start and the int32 k̃ (−1 = purged, so the stable set Ω is ``k̃ ≥ 0``), c, b, κ, so a
@@ -218,6 +218,7 @@ class STSGD(Algorithm):
                               adagrad=self.params.adagrad)
         s["ctrl"] = self._initial_ctrl()
         s["stage_pass"] = np.array([-1], dtype=np.int64)
+        s["purge"] = np.zeros(0, dtype=np.int64)  # ids purged by the last apply, applied at the next stage start
         return s
 
     def resize(self, state, n_features):
@@ -233,7 +234,12 @@ class STSGD(Algorithm):
     @staticmethod
     def views(state):
         """Column views of a path state's record: w, w_start, kt, the stage counters c, b, κ, and ``alive``
-        (a bool copy; see :func:`pipeline.kernels.stsgd.views`)."""
+        (a bool copy; see :func:`pipeline.kernels.stsgd.views`); of a settled copy when ``apply`` left a purge
+        pending."""
+        purge = state.get("purge", ())
+        if len(purge):
+            state = {"rec": state["rec"].copy()}
+            KS.purge_features(state["rec"], purge)
         return KS.views(state)
 
     def warm_start(self, state, w, bias):
@@ -245,7 +251,7 @@ class STSGD(Algorithm):
     def advance(self, state, indptr, indices, data, y, rows, start, pass_index):
         sp = state["stage_pass"]
         if sp[0] < 0:  # first call of a stage (state is the engine's private copy): start the stage
-            self._reset_istate(state)  # the counters were replaced by zeros in apply
+            self._start_stage(state)
             sp[0] = pass_index
         elif sp[0] != pass_index:
             return 0, True  # stages end at pass boundaries (see module docstring)
@@ -261,14 +267,18 @@ class STSGD(Algorithm):
         return int(consumed), bool(done)
 
     @staticmethod
-    def _reset_istate(state):
-        KS.reset_stage(state["istate"])  # stage burst count and ratio fill only (apply zeroed the counters)
+    def _start_stage(state):
+        """On the engine's private copy: the purge that ``apply`` left pending (ST-8), zero stage counters,
+        and the kernel's stage burst count and ratio fill."""
+        KS.purge_features(state["rec"], state.get("purge", ()))
+        state["purge"] = np.zeros(0, dtype=np.int64)
+        KS.reset_stage(state["istate"], state["rec"])
 
     def end_stage(self, state):
         """Close a burst left open by a stage that ended inside it (pass end, stage_blocks, end of training);
         a stage that read no row at all (the engine's last stage at the end of the passes) reports zeros."""
         if state["stage_pass"][0] < 0:
-            self._reset_istate(state)
+            self._start_stage(state)
             return
         c = state["ctrl"]
         rec = state["rec"]
@@ -387,16 +397,12 @@ class STSGD(Algorithm):
         return decision, gnew, diag
 
     def apply(self, state, decision):
-        """A new state dict (the engine copies before the next advance mutates it); stage counters are reset
-        by the next advance (``stage_pass`` = −1 marks the stage start)."""
+        """A new state dict that shares the record: the purge (ST-8) and the zeroing of the stage counters are
+        left to the next stage's start (:meth:`_start_stage`, on the engine's private copy), so a stage end
+        copies no per-feature array (at webspam width the record is 531 MB per path). ``stage_pass`` = −1
+        marks the stage start; :meth:`views` shows the state with the pending purge applied."""
         out = dict(state)
-        # a copy of the record with fresh stage counters (k̃ is 0 between bursts: end_stage closed any open burst)
-        rec = state["rec"].copy()
-        KS.int_view(rec)[:, KS.RI_EVID:KS.RI_UPD + 1] = 0
-        purged = decision["purged"]
-        if purged.size:
-            KS.purge_features(rec, purged)  # (ST-8) on every path: w = 0, k̃ = −1
-        out["rec"] = rec
+        out["purge"] = np.asarray(decision["purged"], dtype=np.int64)
         out["ctrl"] = decision["ctrl"]
         out["stage_pass"] = np.array([-1], dtype=np.int64)
         return out

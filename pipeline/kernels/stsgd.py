@@ -172,7 +172,7 @@ def purge_features(rec, idx):
 
 def reset_stage(istate, rec=None):
     """Start a new stage: zero the ratio buffer fill and the stage burst count, and the stage counters
-    c, b, κ of ``rec`` when given (the driver passes none: it zeroes them in ``apply``).
+    c, b, κ of ``rec`` when given.
 
     Must be called at a burst boundary (istate[I_POS] == 0), which is where stages end.
     """
