@@ -60,6 +60,7 @@ SHUFFLE = {"w8a", "news20"}  # sorted by label: ingest a seeded shuffled copy (b
 LOSSES = ("logistic", "hinge")
 TG_ETAS = (0.05, 0.1, 0.5, 1.0)
 TG_GRAVITIES = (0.0, 1e-6, 1e-5, 1e-4, 1e-3)
+TG_LITERAL = {"scale": "none", "bias_adagrad": False}  # the grid is of the literal TG (absolute eta and g)
 STSGD_L1 = (3e-4, 1e-3, 3e-3)
 STSGD_K = (100, 1000)
 FTRL_L1 = (0.1, 0.3, 1.0, 3.0)
@@ -199,7 +200,7 @@ def study_set(name: str, losses, log) -> dict:
     for loss in losses:
         c0 = time.process_time()
         r = {}
-        r["tg"] = [run_fit(where, "tg", {"loss": loss, "eta": e, "gravity": g}) for e in TG_ETAS for g in TG_GRAVITIES]
+        r["tg"] = [run_fit(where, "tg", {"loss": loss, "eta": e, "gravity": g, **TG_LITERAL}) for e in TG_ETAS for g in TG_GRAVITIES]
         tg_best = _best(r["tg"])
         r["tg_best"] = tg_best
         r["tg_sparse"] = min((x for x in r["tg"] if x["error"] <= tg_best["error"] + 0.01),

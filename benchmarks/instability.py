@@ -68,7 +68,7 @@ DATASETS = {
 # such as the notebook's histograms; the table tunes it, see TUNE)
 ALGOS = {
     "nssl": ("nssl", {"eta": 0.1, "tau": 0.01, "lam": 1e-3}),
-    "tg": ("tg", {"eta": 0.1, "gravity": 1e-3}),
+    "tg": ("tg", {"eta": 0.1, "gravity": 1e-3, "scale": "none", "bias_adagrad": False}),  # literal TG
     "smidas_2ln": ("smidas", {"eta": 0.5, "lam": 1e-4, "c": 2.0}),
     "smidas_0.5ln": ("smidas", {"eta": 0.5, "lam": 1e-4, "c": 0.5}),
     "scd": ("scd", {"lam": 1e-5, "scan": 0.5}),

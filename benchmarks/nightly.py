@@ -63,6 +63,7 @@ passes = {a.passes}
 workers = {a.workers}
 eta = {a.eta}
 gravity = {a.gravity}
+scale = "none"
 [gate]
 metric = "error"
 max_change = 0.005

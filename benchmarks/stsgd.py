@@ -36,7 +36,7 @@ SETS = {"dexter": ("dexter/dexter_train.svm", "dexter/dexter_valid.svm", 20000),
 ETAS = (0.1, 1.0, 10.0)
 GRIDS = {
     "sgd": [{"eta": e, "schedule": "sqrt"} for e in ETAS],
-    "tg": [{"eta": e, "schedule": "sqrt", "K": 5, "gravity": g} for e in ETAS for g in (1e-4, 1e-3, 1e-2)],
+    "tg": [{"eta": e, "schedule": "sqrt", "K": 5, "gravity": g, "scale": "none", "bias_adagrad": False} for e in ETAS for g in (1e-4, 1e-3, 1e-2)],
     "stsgd": ([{"eta": e, "n_K": 0, "beta0": b} for e in ETAS for b in (0.7, 0.3, 0.1, 0.03, 0.01)]
               + [{"eta": e, "n_K": 5, "beta0": b} for e in ETAS for b in (0.7, 0.3, 0.1)]),
 }

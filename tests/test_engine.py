@@ -72,7 +72,7 @@ def test_parameter_mixing_equals_hand_computed_average(store):
     """One pass, 2 paths: the model is the mean of two kernel runs over each path's blocks and row orders."""
     st = open_store(store)
     keys = [e["key"] for e in st.entries("train")]
-    opts = {"eta": 0.2, "gravity": 1e-3}
+    opts = {"eta": 0.2, "gravity": 1e-3, "scale": "none", "bias_adagrad": False}  # the literal TG of the kernel
     algo = make_algorithm("tg", opts)
     ws, bs = [], []
     for m in range(2):
@@ -92,10 +92,14 @@ def test_parameter_mixing_equals_hand_computed_average(store):
 
 def test_truncation_gives_exact_zeros_and_sparser_models(store):
     dense = fit(store, "sgd", {"eta": 0.3}, passes=2, paths=1, client=None)
-    sparse_ = fit(store, "tg", {"eta": 0.3, "gravity": 3e-4}, passes=2, paths=1, client=None)
+    sparse_ = fit(store, "tg", {"eta": 0.3, "gravity": 3e-4, "scale": "none"}, passes=2, paths=1, client=None)
     assert sparse_.nnz < 0.6 * dense.nnz and np.all(sparse_.coef_values != 0)
     h = sparse_.meta["holdout"]
     assert 0 <= h["error"] < 0.35 and 0.7 < h["auc"] <= 1
+    # the defaults truncate (gravity in units of the data's rms value): sparser than SGD, and still learn
+    default = fit(store, "tg", {}, passes=2, paths=1, client=None)
+    assert default.nnz < 0.8 * dense.nnz and default.meta["holdout"]["error"] < 0.35
+    assert default.meta["hyper"]["resolved"]["gravity"] > 0
 
 
 def test_model_file_has_no_pickle_and_predicts_like_the_weights(store, tmp_path):

@@ -58,11 +58,13 @@ def ref_T1(v, a, theta):
 
 
 def ref_tg(X, y, rows, eta, schedule, power_t, l2, g, K, theta, loss, hinge_at_one, fit_bias,
-           u0=None, b0=0.0, t0=0):
-    """Dense TG recursion: returns (true weights u, bias b, t)."""
+           u0=None, b0=0.0, t0=0, bias_delta=0.0):
+    """Dense TG recursion: returns (true weights u, bias b, t). ``bias_delta`` > 0: AdaGrad step for the bias
+    (n_b += d², b -= η_t·d/(δ_b + √n_b))."""
     X = np.asarray(X.todense() if sp.issparse(X) else X, dtype=np.float64)
     u = np.zeros(X.shape[1]) if u0 is None else np.array(u0, dtype=np.float64)
     b, t = float(b0), int(t0)
+    nb = 0.0
     for i in rows:
         t += 1
         e = eta if schedule == 0 else eta / t ** power_t
@@ -72,7 +74,10 @@ def ref_tg(X, y, rows, eta, schedule, power_t, l2, g, K, theta, loss, hinge_at_o
         if l2:
             u = (1.0 - e * l2) * u
         u = u - e * d * x                                   # (TG-1)
-        if fit_bias:
+        if fit_bias and bias_delta > 0:
+            nb += d * d
+            b -= e * d / (bias_delta + math.sqrt(nb))
+        elif fit_bias:
             b -= e * d
         if g > 0 and t % K == 0:
             u = ref_T1(u, e * K * g, theta)                 # (TG-2)
@@ -120,13 +125,13 @@ def csr_arrays(X, idx_dtype=np.int64, data_dtype=np.float64):
 
 def run_kernel(X, y, rows, state=None, *, eta=0.2, schedule=0, power_t=0.5, l2=0.0, g=0.0, K=1, theta=INF,
                loss=LOGISTIC, hinge_at_one=False, fit_bias=True, idx_dtype=np.int64, data_dtype=np.float64,
-               flush=True):
+               flush=True, bias_delta=0.0):
     indptr, indices, data = csr_arrays(X, idx_dtype, data_dtype)
     if state is None:
-        state = new_tg_state(X.shape[1])
+        state = new_tg_state(X.shape[1], bias_adagrad=bias_delta > 0)
     w, Gl, istate, fstate = state
     sgd_tg_block(indptr, indices, data, y, np.asarray(rows, dtype=np.int64), w, Gl, istate, fstate,
-                 eta, schedule, power_t, l2, g, K, theta, loss, hinge_at_one, fit_bias)
+                 eta, schedule, power_t, l2, g, K, theta, loss, hinge_at_one, fit_bias, bias_delta)
     if flush:
         tg_flush(w, Gl, fstate, theta)
     return state
@@ -479,3 +484,20 @@ def test_throughput_printed():
 if __name__ == "__main__":
     for k, v in measure_throughput().items():
         print(f"{k:32s} {v / 1e6:8.1f} M/s")
+
+
+@pytest.mark.parametrize("loss", LOSSES)
+def test_bias_adagrad_equals_dense_reference(loss):
+    """bias_delta > 0 (tg's default): the bias takes AdaGrad steps, the weights the global rate and lazy
+    truncation, all equal to the dense recursion; the accumulator n_b = Σ d² is kept in fstate[3]."""
+    X, y = make_block(loss=loss, seed=5)
+    rows = np.random.default_rng(2).permutation(X.shape[0])
+    hp = dict(eta=0.3, schedule=1, power_t=0.5, l2=0.01, g=0.02, K=2, theta=INF, loss=loss, hinge_at_one=False,
+              fit_bias=True)
+    w, Gl, istate, fstate = run_kernel(X, y, rows, bias_delta=0.5, **hp)
+    u, b, t = ref_tg(X, y, rows, bias_delta=0.5, **hp)
+    np.testing.assert_allclose(w * fstate[1], u, rtol=1e-10, atol=1e-12)
+    assert abs(fstate[2] - b) <= 1e-10 * max(1.0, abs(b)) and istate[0] == t and fstate.shape[0] == 4
+    assert fstate[3] > 0 and np.count_nonzero(w) < X.shape[1]  # exact zeros from the truncation
+    plain = run_kernel(X, y, rows, **hp)
+    assert plain[3][2] != fstate[2]  # the bias rule is really switched

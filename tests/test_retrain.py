@@ -31,6 +31,7 @@ passes = 3
 workers = 0
 eta = 0.5
 gravity = 0.001
+scale = "none"
 [gate]
 metric = "error"
 max_change = 0.01

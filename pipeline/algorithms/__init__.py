@@ -7,7 +7,7 @@ import importlib
 from pipeline.algorithms.base import params_from_dict
 
 ALGORITHMS = {
-    "sgd": ("pipeline.algorithms.sgd", "SGD", "TGParams"),
+    "sgd": ("pipeline.algorithms.sgd", "SGD", "SGDParams"),
     "tg": ("pipeline.algorithms.sgd", "TruncatedGradient", "TGParams"),
     "two-stage": ("pipeline.algorithms.two_stage", "TwoStage", "TwoStageParams"),
     "l1proj": ("pipeline.algorithms.l1proj", "L1Projection", "L1ProjParams"),

@@ -33,16 +33,27 @@ ADAGRAD_KEYS = ("adagrad", "adagrad_delta", "adagrad_mix")
 
 @dataclass(frozen=True)
 class TGParams:
-    """Hyper-parameters of SGD/TG. ``gravity`` = 0 is plain SGD (TG-1); > 0 truncates every K steps (TG-2)."""
+    """Hyper-parameters of TG. ``gravity`` = 0 is plain SGD (TG-1); > 0 truncates every K steps (TG-2).
+
+    Defaults [R]: ``scale = "data"`` reads ``eta`` in units of 1/E‖x‖² and ``gravity`` in units of the rms
+    non-zero value (the store's statistics, as STSGD's), so g = 1e-3·rms(x) per step makes the model sparse
+    on data of any scale, and the bias takes AdaGrad steps (``bias_adagrad``): with a constant step the bias
+    (value 1, against normalised rows whose entries are ~1/60) random-walks by ~η per row. Measured (35k
+    webspam-like rows x 16.6M features, 3 passes, 2 paths, eta 1, gravity 1e-3 relative): plain bias 32.6%
+    holdout error at AUC 0.886 (18.6% at the best threshold). ``scale = "none"`` and ``bias_adagrad = false``
+    give the literal TG of ALGORITHMS.md §1."""
 
     loss: str = "logistic"
-    eta: float = 0.1
+    eta: float = 1.0                # with scale "data" in units of 1/E‖x‖² (the store's mean squared row norm)
     schedule: str = "constant"      # constant | invscaling (eta / t**power_t) | sqrt (power_t = 0.5)
     power_t: float = 0.5
     decay: float = 1.0              # per-pass multiplier of eta: eta_pass = eta * decay**pass
     l2: float = 0.0
-    gravity: float = 0.0
+    gravity: float = 1e-3           # g per step (truncation η_t·K·g every K steps); scale "data": × rms(x)
     K: int = 1
+    scale: str = "data"             # "data": eta and gravity relative to the store's statistics; "none": literal
+    bias_adagrad: bool = True       # AdaGrad step for the bias alone: η_t / (bias_delta + √Σd²)
+    bias_delta: float = 1.0         # δ of the bias's AdaGrad step
     theta: float = math.inf
     fit_bias: bool = True
     hinge_at_one: bool = False
@@ -56,6 +67,11 @@ class TGParams:
         check_choice("loss", self.loss, LOSS_CODES)
         check_choice("schedule", self.schedule, SCHEDULES)
         check_choice("adagrad_mix", self.adagrad_mix, ADAGRAD_MIX)
+        check_choice("scale", self.scale, ("data", "none"))
+        if not isinstance(self.bias_adagrad, bool):
+            raise ValueError(f"bias_adagrad must be true or false, got {self.bias_adagrad!r}")
+        if not (math.isfinite(self.bias_delta) and self.bias_delta > 0):
+            raise ValueError(f"bias_delta must be finite and > 0, got {self.bias_delta!r}")
         if not isinstance(self.adagrad, bool):
             raise ValueError(f"adagrad must be true or false, got {self.adagrad!r}")
         if not (math.isfinite(self.adagrad_delta) and self.adagrad_delta > 0):
@@ -67,6 +83,16 @@ class TGParams:
                           schedule=SCHEDULES[self.schedule], power_t=power_t)
 
 
+@dataclass(frozen=True)
+class SGDParams(TGParams):
+    """Plain SGD: no gravity, literal scale, plain bias step (the baseline of ALGORITHMS.md §1)."""
+
+    eta: float = 0.1                # learning rate (step size) η
+    gravity: float = 0.0            # no truncation (use --algo tg)
+    scale: str = "none"             # "none": eta literal; "data": in units of 1/E‖x‖²
+    bias_adagrad: bool = False      # AdaGrad step for the bias alone: η_t / (bias_delta + √Σd²)
+
+
 class TruncatedGradient(Algorithm):
     name = "tg"
     path_mode = "split"
@@ -74,11 +100,27 @@ class TruncatedGradient(Algorithm):
     shared_keys = ("w", "Gl", "fstate", "n")
     feature_keys = ("w", "Gl", "n")
 
+    def __init__(self, params):
+        super().__init__(params)
+        self.eta, self.gravity = params.eta, params.gravity  # resolved by calibrate (scale "data")
+
+    def calibrate(self, scale):
+        """Scale "data": η = eta / E‖x‖², g = gravity·rms(x_ij)."""
+        if self.params.scale == "data":
+            self.eta = self.params.eta / scale["mean_sq_norm"]
+            self.gravity = self.params.gravity * scale["x_rms"]
+
+    @property
+    def _bias_delta(self) -> float:
+        """δ of the bias's AdaGrad step; 0 = plain step (the kernel's switch)."""
+        return self.params.bias_delta if self.params.bias_adagrad else 0.0
+
     def init_path(self, n_features, path):
-        if self.params.adagrad:
+        p = self.params
+        if p.adagrad:
             w, Gl, n, istate, fstate = K.new_tg_state(n_features, adagrad=True)
             return {"w": w, "Gl": Gl, "n": n, "istate": istate, "fstate": fstate}
-        w, Gl, istate, fstate = K.new_tg_state(n_features)
+        w, Gl, istate, fstate = K.new_tg_state(n_features, bias_adagrad=p.bias_adagrad)
         return {"w": w, "Gl": Gl, "istate": istate, "fstate": fstate}
 
     def init_global(self, n_features):
@@ -91,6 +133,8 @@ class TruncatedGradient(Algorithm):
         if not self.params.adagrad:  # models saved before the option existed still resume exactly
             for k in ADAGRAD_KEYS:
                 h.pop(k)
+        if self.params.scale == "data":
+            h["resolved"] = {"eta": self.eta, "gravity": self.gravity}
         return h
 
     def warm_start(self, state, w, bias):
@@ -104,13 +148,16 @@ class TruncatedGradient(Algorithm):
         power_t = 0.5 if p.schedule == "sqrt" else p.power_t
         if p.adagrad:
             K.sgd_tg_ada_block(indptr, indices, data, y, rows[start:], state["w"], state["Gl"], state["n"],
-                               state["istate"], state["fstate"], p.eta * p.decay ** pass_index,
-                               SCHEDULES[p.schedule], power_t, p.l2, p.gravity, int(p.K), p.theta, p.adagrad_delta,
+                               state["istate"], state["fstate"], self.eta * p.decay ** pass_index,
+                               SCHEDULES[p.schedule], power_t, p.l2, self.gravity, int(p.K), p.theta, p.adagrad_delta,
                                LOSS_CODES[p.loss], p.hinge_at_one, p.fit_bias)
             return rows.shape[0] - start, False
+        if self._bias_delta and state["fstate"].shape[0] < 4:  # a state saved without the bias accumulator
+            state["fstate"] = np.append(state["fstate"][:3], 0.0)
         K.sgd_tg_block(indptr, indices, data, y, rows[start:], state["w"], state["Gl"], state["istate"],
-                       state["fstate"], p.eta * p.decay ** pass_index, SCHEDULES[p.schedule], power_t, p.l2,
-                       p.gravity, int(p.K), p.theta, LOSS_CODES[p.loss], p.hinge_at_one, p.fit_bias)
+                       state["fstate"], self.eta * p.decay ** pass_index, SCHEDULES[p.schedule], power_t, p.l2,
+                       self.gravity, int(p.K), p.theta, LOSS_CODES[p.loss], p.hinge_at_one, p.fit_bias,
+                       self._bias_delta)
         return rows.shape[0] - start, False
 
     def end_stage(self, state):
@@ -123,7 +170,9 @@ class TruncatedGradient(Algorithm):
     def summarize(self, state):
         out = {"w": state["w"], "bias": state["fstate"][2:3]}
         if self.params.adagrad:
-            out.update(n=state["n"], nb=state["fstate"][3:4])
+            out["n"] = state["n"]
+        if self.params.adagrad or self.params.bias_adagrad:
+            out["nb"] = state["fstate"][3:4]
         return out
 
     def decide(self, total, gstate, n_paths):
@@ -144,23 +193,27 @@ class TruncatedGradient(Algorithm):
             if self.params.adagrad_mix == "sum":
                 gstate = {**gstate, "n": n, "nb": nb}
             decision.update(n=n, nb=nb)
+        elif self.params.bias_adagrad:  # the bias's accumulator is mixed like the weights
+            decision["nb"] = total["nb"] / n_paths if n_paths > 1 else total["nb"]
         return decision, gstate, {"nnz": nnz, "density": nnz / max(1, w.shape[0])}
 
     def apply(self, state, decision):
         # after the flush Gl == 0 and G == 0 on every path; w is shared (advance copies before mutating)
+        fstate = [0.0, 1.0, float(decision["bias"][0])] + ([float(decision["nb"][0])] if "nb" in decision else [])
+        out = {**state, "w": decision["w"], "fstate": np.array(fstate)}
         if self.params.adagrad:
-            return {**state, "w": decision["w"], "n": decision["n"],
-                    "fstate": np.array([0.0, 1.0, float(decision["bias"][0]), float(decision["nb"][0])])}
-        return {**state, "w": decision["w"], "fstate": np.array([0.0, 1.0, float(decision["bias"][0])])}
+            out["n"] = decision["n"]
+        return out
 
 
 class SGD(TruncatedGradient):
     """Plain SGD: TG with gravity fixed at 0 (optional L2)."""
 
     name = "sgd"
+    Params = SGDParams
 
 
 def sgd_params(**kw):
     if kw.get("gravity", 0.0) != 0.0:
         raise ValueError("--algo sgd has no gravity; use --algo tg")
-    return TGParams(**kw)
+    return SGDParams(**kw)

@@ -65,17 +65,18 @@ FOLD_THRESHOLD = 1e-9
 """Fold wscale back into w (O(p)) as soon as it drops below this value."""
 
 
-def new_tg_state(p, adagrad=False):
+def new_tg_state(p, adagrad=False, bias_adagrad=False):
     """Fresh state arrays ``(w, Gl, istate, fstate)`` for ``p`` features (t = 0, G = 0, wscale = 1, bias = 0).
 
-    With ``adagrad``: ``(w, Gl, n, istate, fstate)``, n = 0 and fstate = [G, wscale, bias, n_bias = 0].
+    With ``adagrad``: ``(w, Gl, n, istate, fstate)``, n = 0 and fstate = [G, wscale, bias, n_bias = 0]; with
+    ``bias_adagrad`` alone fstate has the n_bias slot too.
     """
     w = np.zeros(p, dtype=np.float64)
     Gl = np.zeros(p, dtype=np.float64)
     istate = np.zeros(1, dtype=np.int64)
     if adagrad:
         return w, Gl, np.zeros(p, dtype=np.float64), istate, np.array([0.0, 1.0, 0.0, 0.0], dtype=np.float64)
-    fstate = np.array([0.0, 1.0, 0.0], dtype=np.float64)
+    fstate = np.array([0.0, 1.0, 0.0] + [0.0] * bias_adagrad, dtype=np.float64)
     return w, Gl, istate, fstate
 
 
@@ -171,11 +172,12 @@ def _fold(w, Gl, n, G, wscale, theta, delta, ada):
 
 @numba.njit(cache=True, nogil=True, inline="always")
 def _tg_rows(indptr, indices, data, y, rows, w, Gl, n, istate, fstate, eta, schedule, power_t, l2, g, K, theta,
-             delta, loss, hinge_at_one, fit_bias, ada):
+             delta, loss, hinge_at_one, fit_bias, ada, bias_delta):
     """The one TG loop behind ``sgd_tg_block`` (``ada`` = False) and ``sgd_tg_ada_block`` (``ada`` = True).
 
     Inlined into both with ``ada`` a literal, so the compiler drops the AdaGrad branches from the plain kernel
-    (same arithmetic, same machine code as without them). See the two kernels for the rules.
+    (same arithmetic, same machine code as without them). See the two kernels for the rules. ``bias_delta`` > 0
+    gives the bias alone an AdaGrad step (accumulator in fstate[3]); with ``ada`` the bias uses ``delta``.
     """
     t = istate[0]
     G = fstate[0]
@@ -183,6 +185,9 @@ def _tg_rows(indptr, indices, data, y, rows, w, Gl, n, istate, fstate, eta, sche
     b = fstate[2]
     nb = 0.0
     if ada:
+        bias_delta = delta
+    bias_ada = bias_delta > 0.0
+    if bias_ada:
         nb = fstate[3]
     Kg = K * g
     do_trunc = Kg > 0.0
@@ -225,9 +230,9 @@ def _tg_rows(indptr, indices, data, y, rows, w, Gl, n, istate, fstate, eta, sche
                 dw = dw / _rate(n, j, delta)
             w[j] -= dw
         if fit_bias:
-            if ada:
+            if bias_ada:
                 nb += d * d
-                b -= e * d / (delta + math.sqrt(nb))
+                b -= e * d / (bias_delta + math.sqrt(nb))
             else:
                 b -= e * d
         # (TG-2) truncation of this step, applied to the touched coordinates now, to the others lazily
@@ -249,13 +254,13 @@ def _tg_rows(indptr, indices, data, y, rows, w, Gl, n, istate, fstate, eta, sche
     fstate[0] = G
     fstate[1] = s
     fstate[2] = b
-    if ada:
+    if bias_ada:
         fstate[3] = nb
 
 
 @numba.njit(cache=True, nogil=True)
 def sgd_tg_block(indptr, indices, data, y, rows, w, Gl, istate, fstate, eta, schedule, power_t, l2, g, K, theta,
-                 loss, hinge_at_one, fit_bias):
+                 loss, hinge_at_one, fit_bias, bias_delta=0.0):
     """Advance SGD / Truncated Gradient over the rows ``rows`` of one CSR block, lazily; cost O(Σ nnz(row)).
 
     Per step t: catch-up of the row's coordinates, f = wscale·(w·x) + b, d = ℓ'(f, y); decay
@@ -268,10 +273,12 @@ def sgd_tg_block(indptr, indices, data, y, rows, w, Gl, istate, fstate, eta, sch
     (float64[p]), ``istate`` = [t] (int64[1]), ``fstate`` = [G, wscale, bias] (float64[3]); scalars ``eta``,
     ``schedule`` (0: η_t = eta, 1: η_t = eta / t**power_t), ``power_t``, ``l2``, ``g``, ``K``, ``theta``
     (may be inf), ``loss`` (losses code), ``hinge_at_one``, ``fit_bias``. Feature indices must be < len(w).
+    ``bias_delta`` > 0: AdaGrad for the bias alone, n_b ← n_b + d², b ← b − η_t·d / (bias_delta + √n_b), with
+    ``fstate`` = [G, wscale, bias, n_b] (float64[4]); the weights keep the global rate.
     """
     # n is never read without AdaGrad: Gl stands in for it (no allocation)
     _tg_rows(indptr, indices, data, y, rows, w, Gl, Gl, istate, fstate, eta, schedule, power_t, l2, g, K, theta,
-             0.0, loss, hinge_at_one, fit_bias, False)
+             0.0, loss, hinge_at_one, fit_bias, False, bias_delta)
 
 
 @numba.njit(cache=True, nogil=True)
@@ -297,7 +304,7 @@ def sgd_tg_ada_block(indptr, indices, data, y, rows, w, Gl, n, istate, fstate, e
     n_bias] (float64[4]).
     """
     _tg_rows(indptr, indices, data, y, rows, w, Gl, n, istate, fstate, eta, schedule, power_t, l2, g, K, theta,
-             delta, loss, hinge_at_one, fit_bias, True)
+             delta, loss, hinge_at_one, fit_bias, True, delta)
 
 
 @numba.njit(cache=True, nogil=True)
