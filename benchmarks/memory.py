@@ -3,8 +3,9 @@
     python -m benchmarks.memory [--features 16609143]
 
 For each algorithm (defaults): every array of one path's state and of the global state, its dtype and bytes;
-then the per-worker estimate with one path per worker: the state the task receives plus the task's private
-copy (tasks are pure: they advance a copy), plus the global state. The block cache is 0 at webspam scale
+then the per-worker estimate with one path per worker (pipeline.memory.worker_need, the one ``train`` checks
+against the workers' memory_limit): the state the task receives plus the task's private copy (tasks are pure:
+they advance a copy), plus the global state and a process baseline of 0.3 GB. The block cache is 0 at webspam scale
 (see pipeline.engine.cache_budget) and the decoded blocks of one shuffle window (4 x 64 MB blocks) come on
 top. Measured per-process peaks of whole runs are in benchmarks/webspam.py's output.
 """
@@ -19,6 +20,7 @@ from benchmarks.common import report
 
 def account(name: str, p: int) -> tuple[list[dict], dict]:
     from pipeline.algorithms import make_algorithm
+    from pipeline.memory import worker_need
 
     algo = make_algorithm(name, {})
     rows = []
@@ -32,11 +34,11 @@ def account(name: str, p: int) -> tuple[list[dict], dict]:
         if v.nbytes > 1 << 16:
             rows.append({"algo": name, "where": "global", "array": k, "dtype": str(v.dtype), "shape": str(v.shape),
                          "MB": round(v.nbytes / 1e6, 1)})
-    path_mb = sum(v.nbytes for v in state.values()) / 1e6
-    glob_mb = sum(np.asarray(v).nbytes for v in g.values()) / 1e6
     del state, g
-    return rows, {"algo": name, "path_state_MB": round(path_mb, 1), "global_MB": round(glob_mb, 1),
-                  "worker_estimate_MB": round(2 * path_mb + glob_mb, 1)}
+    need = worker_need(algo, p, 1)  # the estimate train checks against the workers' memory_limit
+    return rows, {"algo": name, "path_state_MB": round(need["path"] / 1e6, 1),
+                  "global_MB": round(need["global"] / 1e6, 1),
+                  "worker_estimate_MB": round(need["total"] / 1e6, 1)}
 
 
 def main(argv=None):

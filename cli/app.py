@@ -141,10 +141,11 @@ class Progress:
 def user_errors():
     """Exceptions that are the user's input problem: reported as one line, exit code 1."""
     from pipeline.ingest import IngestError
+    from pipeline.memory import WorkerMemoryError
     from pipeline.model import ModelError
     from pipeline.store.format import StoreError
 
-    return (IngestError, StoreError, ModelError, ValueError, OSError)
+    return (IngestError, StoreError, ModelError, WorkerMemoryError, ValueError, OSError)
 
 
 

@@ -109,10 +109,14 @@ def cache_budget(entries: list, paths: int, path_mode: str, data_dtype: str, bud
     else 0. Every pass reads a path's blocks in a new order, so an LRU cache smaller than them hits nothing
     (each block is evicted before it is read again) and only holds memory: at webspam scale (~20 GB of
     decoded blocks per pass) the 1 GiB cache was pure cost."""
+    return budget if path_share(entries, paths, path_mode, data_dtype) <= budget else 0
+
+
+def path_share(entries: list, paths: int, path_mode: str, data_dtype: str) -> int:
+    """Bytes of the decoded blocks one path reads in a pass (what a worker's block cache holds at most)."""
     per_nnz = 4 + np.dtype(data_dtype).itemsize
     total = sum(e["nnz"] * per_nnz + e["rows"] * 16 for e in entries)
-    share = total / max(1, paths) if path_mode == "split" else total
-    return budget if share <= budget else 0
+    return int(total / max(1, paths)) if path_mode == "split" else int(total)
 
 
 @dataclass(frozen=True)
@@ -448,6 +452,23 @@ def _run_single(algo, states, gstate, data, spec, holdout, evaluate_every):
     return states, gstate, decision, history
 
 
+def _explain_killed_worker(e: Exception, client, algo, p: int, paths: int, cache_bytes: int) -> None:
+    """A task whose workers kept dying (Dask's KilledWorker: the nanny restarts a worker past its memory_limit)
+    becomes a WorkerMemoryError naming the algorithm, the width, the estimate and what would fit."""
+    from distributed.scheduler import KilledWorker
+
+    from pipeline.memory import WorkerMemoryError, message, worker_limits, worker_need
+
+    if not isinstance(e, KilledWorker):
+        return
+    limits = [x for x in worker_limits(client) if x > 0]
+    n_workers = max(1, len(worker_limits(client)))
+    need = worker_need(algo, p, -(-paths // n_workers), cache_bytes)
+    raise WorkerMemoryError(message(algo, p, need, min(limits) if limits else 0, n_workers,
+                                    "a worker died repeatedly while training (the nanny restarts a worker that "
+                                    "exceeds its memory limit); the workers'")) from e
+
+
 def train(store_path: str, algo: Algorithm, *, passes: int, paths: int, seed: int = 0, client=None,
           init_states: list | None = None, init_gstate: dict | None = None, warm: tuple | None = None,
           placement: str = "paths", stage_blocks: int = 0, evaluate: bool = True, evaluate_every: int = 1,
@@ -477,8 +498,13 @@ def train(store_path: str, algo: Algorithm, *, passes: int, paths: int, seed: in
                          f"--algo {algo.name} paths split the blocks: use --paths <= {len(train_entries)} "
                          f"or re-ingest with a smaller --block-mb")
     version = st.manifest["manifest_version"]
-    cache_bytes = cache_budget(train_entries, paths, algo.path_mode, st.manifest.get("data_dtype", "float32"),
-                               int(cache_bytes))
+    dtype = st.manifest.get("data_dtype", "float32")
+    cache_bytes = cache_budget(train_entries, paths, algo.path_mode, dtype, int(cache_bytes))
+    if client is not None:  # refuse what the workers' memory_limit cannot hold; a cache only where it fits
+        from pipeline.memory import check_fits
+
+        cached = min(cache_bytes, path_share(train_entries, paths, algo.path_mode, dtype))
+        cache_bytes = cache_bytes if check_fits(client, algo, p, paths, cached) else 0
     data = DataRef(st.path, version, tuple(e["key"] for e in train_entries),
                    tuple(e["rows"] for e in train_entries), p, cache_bytes)
     holdout = (st.path, version, tuple(e["key"] for e in st.entries("holdout") if keep is None or e["key"] in keep),
@@ -515,9 +541,13 @@ def train(store_path: str, algo: Algorithm, *, passes: int, paths: int, seed: in
                 progress(rec)
     else:
         ex = DaskExec(client)
-        states, gstate, decision, history = run_stages(ex, algo, states, gstate, data, spec, holdout,
-                                                       progress, evaluate_every)
-        states = client.gather(states)
+        try:
+            states, gstate, decision, history = run_stages(ex, algo, states, gstate, data, spec, holdout,
+                                                           progress, evaluate_every)
+            states = client.gather(states)
+        except Exception as e:
+            _explain_killed_worker(e, client, algo, p, paths, cache_bytes)
+            raise
         decision = decision.result() if decision is not None and hasattr(decision, "result") else decision
     if decision is None:
         raise ValueError("nothing to train: the saved model already has the requested passes")

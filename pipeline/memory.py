@@ -1,0 +1,87 @@
+"""Memory a training worker needs, and a clear refusal before (or after) a worker runs out of its limit.
+
+Estimate per worker, with its share of the paths: each path's state twice (the state a task receives and the
+task's private copy: tasks are pure), the global state, the block cache budget and a process baseline (a Dask
+worker with NumPy, numba and the kernels loaded: ~0.3 GB measured). State sizes are linear in the width; they
+are measured from the algorithm's own ``init_path``/``init_global`` at two small widths and extrapolated, so
+nothing of the real width is allocated. At webspam width (16,609,143 features) stsgd's path state is 599 MB and
+tg's 266 MB (benchmarks/memory.py lists every array).
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+PROCESS_BASELINE = 300_000_000  # bytes: an idle Dask worker process with NumPy, numba and the kernels loaded
+
+
+class WorkerMemoryError(MemoryError):
+    """Training does not fit in the workers' ``memory_limit``; the message names what would fit."""
+
+
+def _state_bytes(algo, p: int) -> tuple[int, int]:
+    path = sum(np.asarray(v).nbytes for v in algo.init_path(p, 0).values())
+    glob = sum(np.asarray(v).nbytes for v in algo.init_global(p).values())
+    return path, glob
+
+
+def state_bytes(algo, n_features: int) -> tuple[int, int]:
+    """(path state, global state) bytes of ``algo`` at ``n_features``: linear fit through widths 1,000 and 2,000."""
+    (p1, g1), (p2, g2) = _state_bytes(algo, 1000), _state_bytes(algo, 2000)
+    at = lambda a, b: max(0, int(a + (b - a) * (n_features - 1000) / 1000))  # noqa: E731
+    return at(p1, p2), at(g1, g2)
+
+
+def worker_need(algo, n_features: int, paths_per_worker: int, cache_bytes: int = 0) -> dict:
+    """Bytes one worker needs: ``paths_per_worker`` x 2 path states + global + cache + process baseline."""
+    path, glob = state_bytes(algo, n_features)
+    total = 2 * path * paths_per_worker + glob + int(cache_bytes) + PROCESS_BASELINE
+    return {"total": total, "path": path, "global": glob, "cache": int(cache_bytes), "paths": paths_per_worker}
+
+
+def _gb(b: float) -> str:
+    return f"{b / 1e9:.2f} GB"
+
+
+def message(algo, n_features: int, need: dict, limit: int, n_workers: int, cause: str) -> str:
+    """The one-line explanation: algorithm, width, the estimate and its parts, the limit, what would fit."""
+    fit = max(0, (limit - PROCESS_BASELINE - need["global"] - need["cache"]) // max(1, 2 * need["path"]))
+    advice = (f"start the workers with memory_limit >= {_gb(need['total'] * 1.1)} (Dask's worker memory_limit; "
+              f"`--workers N` gives each of N workers 1/N of this machine's memory)")
+    if need["paths"] > 1 and fit >= 1:
+        advice = f"run at most {fit} path(s) per worker (more workers or fewer --paths), or " + advice
+    elif n_workers > 1:
+        advice = "use fewer --workers (each gets a larger share of memory), or " + advice
+    return (f"--algo {algo.name} at {n_features:,} features needs about {_gb(need['total'])} per worker "
+            f"({need['paths']} path(s) x 2 states of {_gb(need['path'])}, global {_gb(need['global'])}, "
+            f"block cache {_gb(need['cache'])}, process {_gb(PROCESS_BASELINE)}); {cause} "
+            f"memory_limit is {_gb(limit)}: {advice}")
+
+
+def worker_limits(client) -> list[int]:
+    """The memory_limit of every worker of a distributed client (0 = none); [] for other executors."""
+    info = getattr(client, "scheduler_info", None)
+    if info is None:
+        return []
+    try:
+        workers = info()["workers"]
+    except (KeyError, TypeError, AttributeError):
+        return []
+    return [int(w.get("memory_limit") or 0) for w in workers.values()]
+
+
+def check_fits(client, algo, n_features: int, paths: int, cache_bytes: int) -> int:
+    """Raise :class:`WorkerMemoryError` when the state alone exceeds the smallest worker memory_limit; return the
+    block cache budget that fits beside it (``cache_bytes``, or 0 when the cache would not fit: it is optional).
+    Without a limit (or a Dask cluster) ``cache_bytes`` is returned unchanged."""
+    limits = [x for x in worker_limits(client) if x > 0]
+    if not limits:
+        return cache_bytes
+    n_workers = len(worker_limits(client))
+    per = math.ceil(paths / max(1, n_workers))
+    need = worker_need(algo, n_features, per)
+    limit = min(limits)
+    if need["total"] > limit:
+        raise WorkerMemoryError(message(algo, n_features, need, limit, n_workers, "the workers'"))
+    return cache_bytes if need["total"] + cache_bytes <= limit else 0

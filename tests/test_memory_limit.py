@@ -1,0 +1,74 @@
+"""Training that cannot fit in the workers' memory_limit is refused before it starts, with a message naming the
+algorithm, the width and a limit that would fit (issue 13 §1); a real LocalCluster with a small limit."""
+import re
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from pipeline.algorithms import make_algorithm
+from pipeline.ingest import IngestOptions, ingest
+from pipeline.memory import PROCESS_BASELINE, WorkerMemoryError, state_bytes, worker_need
+from pipeline.train import fit
+
+WIDE = 3_000_000  # tg: 2 x 48 MB of path state + 0.3 GB process > a 350 MB limit
+
+
+def _store(tmp_path, name, width):
+    rng = np.random.default_rng(0)
+    lines = []
+    for i in range(200):
+        idx = np.unique(np.r_[rng.integers(1, 50, 8), [width] if i == 0 else []]).astype(int)
+        lines.append(("+1 " if i % 2 else "-1 ") + " ".join(f"{j}:{rng.uniform(0.1, 1):.3f}" for j in idx))
+    src = tmp_path / f"{name}.svm"
+    src.write_text("\n".join(lines) + "\n")
+    out = tmp_path / f"{name}.zarr"
+    ingest([str(src)], str(out), IngestOptions(holdout=0.2, block_mb=0.002), client=None)
+    return str(out)
+
+
+@pytest.fixture(scope="module")
+def small_limit_cluster():
+    from distributed import Client, LocalCluster
+
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=True, host="127.0.0.1",
+                      dashboard_address="127.0.0.1:0", silence_logs=40, memory_limit="350MB") as cluster, \
+            Client(cluster) as c:
+        yield c
+
+
+def test_state_estimate_is_the_algorithms_own_arrays():
+    """The linear extrapolation equals the bytes init_path/init_global allocate at the real width."""
+    for name in ("tg", "stsgd", "ftrl"):
+        algo = make_algorithm(name, {})
+        path, glob = state_bytes(algo, 123_457)
+        assert path == sum(v.nbytes for v in algo.init_path(123_457, 0).values())
+        assert glob == sum(np.asarray(v).nbytes for v in algo.init_global(123_457).values())
+    need = worker_need(make_algorithm("tg", {}), WIDE, 2)
+    assert need["total"] == 4 * need["path"] + need["global"] + PROCESS_BASELINE
+
+
+def test_too_wide_for_the_limit_is_refused_with_what_would_fit(tmp_path, small_limit_cluster):
+    wide = _store(tmp_path, "wide", WIDE)
+    with pytest.raises(WorkerMemoryError) as e:
+        fit(wide, "tg", {}, passes=1, paths=1, client=small_limit_cluster)
+    msg = str(e.value)
+    assert "--algo tg" in msg and f"{WIDE:,} features" in msg and "memory_limit is 0.35 GB" in msg
+    fits = float(re.search(r"memory_limit >= ([0-9.]+) GB", msg).group(1))
+    assert fits * 1e9 > worker_need(make_algorithm("tg", {}), WIDE, 1)["total"]
+    # the same cluster trains a narrow store: the check refuses what cannot fit, not everything
+    narrow = _store(tmp_path, "narrow", 60)
+    m = fit(narrow, "tg", {}, passes=1, paths=1, client=small_limit_cluster)
+    assert m.n_features == 60 and np.isfinite(m.meta["holdout"]["error"])
+
+
+def test_cli_reports_one_line_and_exit_1(tmp_path, small_limit_cluster):
+    from cli.main import app
+
+    wide = _store(tmp_path, "wide", WIDE)
+    addr = small_limit_cluster.scheduler.address
+    r = CliRunner().invoke(app, ["train", wide, "--out", str(tmp_path / "m.npz"), "--algo", "tg",
+                                 "--scheduler", addr])
+    assert r.exit_code == 1, r.output
+    assert "error: --algo tg at 3,000,000 features needs about" in r.output and "Traceback" not in r.output
+    assert not (tmp_path / "m.npz").exists()
