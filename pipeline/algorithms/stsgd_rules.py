@@ -108,11 +108,11 @@ def selection_probability(evid, surv):
     ``surv`` (b_j) = those in which ŵ_j ≠ 0 after truncation. With counters of a single path this
     is eq. (7) (M = 1). Works on dense length-p arrays or on the values of a sparse set.
     """
-    evid = np.asarray(evid, dtype=np.float64)
-    surv = np.asarray(surv, dtype=np.float64)
+    evid = np.asarray(evid)
+    surv = np.asarray(surv)
     out = np.ones(evid.shape, dtype=np.float64)
     m = evid > 0
-    out[m] = surv[m] / evid[m]
+    np.divide(surv, evid, out=out, where=m, dtype=np.float64)
     return out
 
 
@@ -154,7 +154,10 @@ def carried_selection_probability(carry, counters, delta_K=0, ratio="c"):
     """
     if carry is None:
         carry = empty_sparse(3)
-    if len(carry[0]) == 0:  # always with δ_K = 0 (the default): the stage's own ids, no alignment
+    if len(carry[0]) == 0 and delta_K == 0 and ratio == "c":  # the default: eq. (8) on the stage's counters
+        idx = np.asarray(counters[0], dtype=np.int64)          # (no temporaries: ~10^7 touched features)
+        return idx, selection_probability(counters[1], counters[2]), empty_sparse(3)
+    if len(carry[0]) == 0:  # always with δ_K = 0: the stage's own ids, no alignment
         idx = np.asarray(counters[0], dtype=np.int64)
         zero = np.zeros(idx.shape[0], dtype=np.int64)
         carried, stage = (zero, zero, zero), tuple(counters[1:])
