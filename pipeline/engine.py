@@ -352,11 +352,13 @@ def run_stages(ex, algo: Algorithm, states: list, gstate: dict, data: DataRef, s
         if min(passes) >= spec.end_pass or (max_stages is not None and stage >= max_stages):
             break
         t0 = time.time()
-        # the stage's inputs are kept only for the --max-density search; otherwise a path's input state is
+        # path m's tasks prefer worker m mod n (submit_pinned; loose, so a lost worker's path moves on): left to
+        # the scheduler, both states of a 2-path run were seen moved onto one worker (2 x 0.6 GB at webspam
+        # width). The stage's inputs are kept only for the --max-density search; otherwise a path's input state is
         # released as soon as its advance has made the private copy's successor (one state per path in memory
         # between stages, two only during the advance)
         before = (states, gstate, gref, decision) if spec.max_density is not None else None
-        states = [ex.submit(advance_task, algo, states[m], data, spec, m) for m in range(M)]
+        states = [ex.submit_pinned(m, advance_task, algo, states[m], data, spec, m) for m in range(M)]
         summaries = [ex.submit(summarize_task, algo, s) for s in states]
         total = tree(ex, summaries, _combine, algo)
         out = ex.submit(decide_task, algo, total, gref, M)
@@ -376,7 +378,7 @@ def run_stages(ex, algo: Algorithm, states: list, gstate: dict, data: DataRef, s
             if cut is None:  # the very first rows cross the bound: the model after one row per path
                 cut = _partial_stage(ex, algo, before[0], before[2], data, spec, M, 1)
             new_states, decision, gref, gstate, diag, rows_in = cut
-            states = [ex.submit(apply_task, algo, s, decision) for s in new_states]
+            states = [ex.submit_pinned(m, apply_task, algo, s, decision) for m, s in enumerate(new_states)]
             stage += 1
             rec = {"stage": stage, "pass": min(_passes(ex, states)), **diag, "rows_in_stage": rows_in,
                    "seconds": round(time.time() - t0, 4), "elapsed": round(time.time() - t_start, 3)}
@@ -386,7 +388,7 @@ def run_stages(ex, algo: Algorithm, states: list, gstate: dict, data: DataRef, s
             if progress:
                 progress(rec)
             break
-        states = [ex.submit(apply_task, algo, s, decision) for s in states]
+        states = [ex.submit_pinned(m, apply_task, algo, s, decision) for m, s in enumerate(states)]
         passes = _passes(ex, states)
         stage += 1
         rec = {"stage": stage, "pass": min(passes), **diag, "seconds": round(time.time() - t0, 4),
@@ -412,7 +414,7 @@ def _partial_stage(ex, algo, states, gref, data, spec, M, rows: int):
     from dataclasses import replace
 
     sp = replace(spec, max_rows=rows)
-    new = [ex.submit(advance_task, algo, states[m], data, sp, m) for m in range(M)]
+    new = [ex.submit_pinned(m, advance_task, algo, states[m], data, sp, m) for m in range(M)]
     total = tree(ex, [ex.submit(summarize_task, algo, s) for s in new], _combine, algo)
     out = ex.submit(decide_task, algo, total, gref, M)
     g = ex.first(out, 1)
@@ -522,7 +524,8 @@ def train(store_path: str, algo: Algorithm, *, passes: int, paths: int, seed: in
         start_pass = 0
         if client is not None and placement != "single":
             w_ref = client.scatter(warm, broadcast=True) if warm is not None else None
-            states = [client.submit(init_task, algo, p, m, w_ref, pure=False) for m in range(paths)]
+            ex0 = DaskExec(client)  # path m lives on worker m mod n from the start (see run_stages)
+            states = [ex0.submit_pinned(m, init_task, algo, p, m, w_ref) for m in range(paths)]
         else:
             states = [init_task(algo, p, m, warm) for m in range(paths)]
     if shuffle_window < 1:

@@ -10,14 +10,22 @@ import numba
 import numpy as np
 
 
-@numba.njit(cache=True, nogil=True)
 def union_positions(ia, ib):
     """Sorted union u of two strictly increasing id arrays, and the positions of ia and ib in u
-    (u[pa] == ia, u[pb] == ib)."""
+    (u[pa] == ia, u[pb] == ib); positions are int32 when they fit (half the transient memory of a merge)."""
     na, nb = ia.shape[0], ib.shape[0]
+    pos = np.int32 if na + nb < 2 ** 31 else np.int64
     u = np.empty(na + nb, dtype=np.int64)
-    pa = np.empty(na, dtype=np.int64)
-    pb = np.empty(nb, dtype=np.int64)
+    pa = np.empty(na, dtype=pos)
+    pb = np.empty(nb, dtype=pos)
+    k = _union_into(ia, ib, u, pa, pb)
+    return (u[:k].copy() if k < 0.75 * u.shape[0] else u[:k]), pa, pb  # a result that travels: no slack
+
+
+@numba.njit(cache=True, nogil=True)
+def _union_into(ia, ib, u, pa, pb):
+    """Two-pointer merge of :func:`union_positions` into preallocated arrays; returns |u|."""
+    na, nb = ia.shape[0], ib.shape[0]
     i = j = k = 0
     while i < na and j < nb:
         a, b = ia[i], ib[j]
@@ -46,7 +54,7 @@ def union_positions(ia, ib):
         pb[j] = k
         j += 1
         k += 1
-    return u[:k], pa, pb
+    return k
 
 
 @numba.njit(cache=True, nogil=True)
