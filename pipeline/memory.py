@@ -1,8 +1,9 @@
 """Memory a training worker needs, and a clear refusal before (or after) a worker runs out of its limit.
 
 Estimate per worker, with its share of the paths: each path's state twice (the state a task receives and the
-task's private copy: tasks are pure), the global state, the block cache budget and a process baseline (a Dask
-worker with NumPy, numba and the kernels loaded: ~0.3 GB measured). State sizes are linear in the width; they
+task's private copy: tasks are pure), the global state, the stage-end merge of two paths' summaries, the block
+cache budget and a process baseline (a Dask worker with NumPy, numba and the kernels loaded: ~0.3 GB measured).
+At 16.6M features: stsgd 2.18 GB (measured peak 2.17 GB), tg 1.10 GB (measured 1.08 GB). State sizes are linear in the width; they
 are measured from the algorithm's own ``init_path``/``init_global`` at two small widths and extrapolated, so
 nothing of the real width is allocated. At webspam width (16,609,143 features) stsgd's path state is 599 MB and
 tg's 266 MB (benchmarks/memory.py lists every array).
@@ -34,10 +35,13 @@ def state_bytes(algo, n_features: int) -> tuple[int, int]:
 
 
 def worker_need(algo, n_features: int, paths_per_worker: int, cache_bytes: int = 0) -> dict:
-    """Bytes one worker needs: ``paths_per_worker`` x 2 path states + global + cache + process baseline."""
+    """Bytes one worker needs: ``paths_per_worker`` x 2 path states + global + the stage-end merge
+    (``algo.exchange_bytes_per_feature``) + cache + process baseline."""
     path, glob = state_bytes(algo, n_features)
-    total = 2 * path * paths_per_worker + glob + int(cache_bytes) + PROCESS_BASELINE
-    return {"total": total, "path": path, "global": glob, "cache": int(cache_bytes), "paths": paths_per_worker}
+    exchange = algo.exchange_bytes_per_feature * n_features
+    total = 2 * path * paths_per_worker + glob + exchange + int(cache_bytes) + PROCESS_BASELINE
+    return {"total": total, "path": path, "global": glob, "exchange": exchange, "cache": int(cache_bytes),
+            "paths": paths_per_worker}
 
 
 def _gb(b: float) -> str:
@@ -46,7 +50,8 @@ def _gb(b: float) -> str:
 
 def message(algo, n_features: int, need: dict, limit: int, n_workers: int, cause: str) -> str:
     """The one-line explanation: algorithm, width, the estimate and its parts, the limit, what would fit."""
-    fit = max(0, (limit - PROCESS_BASELINE - need["global"] - need["cache"]) // max(1, 2 * need["path"]))
+    fit = max(0, (limit - PROCESS_BASELINE - need["global"] - need["exchange"] - need["cache"])
+              // max(1, 2 * need["path"]))
     advice = (f"start the workers with memory_limit >= {_gb(need['total'] * 1.1)} (Dask's worker memory_limit; "
               f"`--workers N` gives each of N workers 1/N of this machine's memory)")
     if need["paths"] > 1 and fit >= 1:
@@ -55,8 +60,10 @@ def message(algo, n_features: int, need: dict, limit: int, n_workers: int, cause
         advice = "use fewer --workers (each gets a larger share of memory), or " + advice
     return (f"--algo {algo.name} at {n_features:,} features needs about {_gb(need['total'])} per worker "
             f"({need['paths']} path(s) x 2 states of {_gb(need['path'])}, global {_gb(need['global'])}, "
-            f"block cache {_gb(need['cache'])}, process {_gb(PROCESS_BASELINE)}); {cause} "
-            f"memory_limit is {_gb(limit)}: {advice}")
+            f"stage-end merge {_gb(need['exchange'])}, block cache {_gb(need['cache'])}, "
+            f"process {_gb(PROCESS_BASELINE)}); {cause} "
+            + (f"memory_limit is {_gb(limit)}: " if limit else "memory_limit is not set (the machine ran out): ")
+            + advice)
 
 
 def worker_limits(client) -> list[int]:

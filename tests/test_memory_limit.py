@@ -45,7 +45,7 @@ def test_state_estimate_is_the_algorithms_own_arrays():
         assert path == sum(v.nbytes for v in algo.init_path(123_457, 0).values())
         assert glob == sum(np.asarray(v).nbytes for v in algo.init_global(123_457).values())
     need = worker_need(make_algorithm("tg", {}), WIDE, 2)
-    assert need["total"] == 4 * need["path"] + need["global"] + PROCESS_BASELINE
+    assert need["total"] == 4 * need["path"] + need["global"] + 16 * WIDE + PROCESS_BASELINE
 
 
 def test_too_wide_for_the_limit_is_refused_with_what_would_fit(tmp_path, small_limit_cluster):

@@ -60,6 +60,9 @@ class Algorithm:
     Params: Any = None
     #: state keys identical on every path after ``apply`` (saved once in the model, not per path)
     shared_keys: tuple = ()
+    #: bytes per feature a stage-end merge holds on the worker that combines two paths' summaries (a memory
+    #: estimate, pipeline.memory): two dense float64 vectors by default; STSGD's sparse counters are more
+    exchange_bytes_per_feature: int = 16
 
     def __init__(self, params):
         self.params = params

@@ -168,6 +168,9 @@ class STSGD(Algorithm):
     Params = STSGDParams
     shared_keys = ("ctrl",)
     feature_keys = ()  # rec is padded along axis 0 by resize below
+    # two paths' summaries of ~all features touched in stage 1 (20 bytes each) and the decision's temporaries:
+    # measured 2.17 GB peak against a 1.52 GB state estimate at 16.6M features
+    exchange_bytes_per_feature = 40
 
     def __init__(self, params):
         super().__init__(params)
