@@ -22,8 +22,8 @@ from pipeline.train import fit
 FTRL = {"l1": 3.0}
 
 
-def np_loss_grad(X, y, w, b, loss):
-    """Pure-NumPy reference: (Σ ℓ, Σ ℓ', Σ ℓ'·x) over the rows of X (dense or scipy.sparse)."""
+def np_loss_grad(X, y, w, b, loss, squares=False):
+    """Pure-NumPy reference: (Σ ℓ, Σ ℓ', Σ ℓ'·x[, Σ ℓ²]) over the rows of X (dense or scipy.sparse)."""
     f = np.asarray(X @ w).ravel() + b
     if loss == "logistic":
         m = y * f
@@ -32,7 +32,8 @@ def np_loss_grad(X, y, w, b, loss):
     else:
         ell = 0.5 * (f - y) ** 2
         d = f - y
-    return ell.sum(), d.sum(), np.asarray(X.T @ d).ravel()
+    out = ell.sum(), d.sum(), np.asarray(X.T @ d).ravel()
+    return out + ((ell ** 2).sum(),) if squares else out
 
 
 @pytest.fixture(scope="module")
@@ -80,9 +81,9 @@ def test_kernel_loss_and_gradient_equal_numpy_reference(loss, code):
     np.testing.assert_array_equal(sp.csr_matrix((cv, cj, ci), shape=(300, support.size)).toarray(), dense)
     w = rng.standard_normal(support.size)
     g = np.full(support.size, 7.0)
-    tot, gb = K.loss_grad(ci, cj, cv, y, w, 0.3, code, g)
-    rt, rb, rg = np_loss_grad(dense, y, w, 0.3, loss)
-    np.testing.assert_allclose([tot, gb], [rt, rb], rtol=1e-12)
+    tot, gb, sq = K.loss_grad(ci, cj, cv, y, w, 0.3, code, g)
+    rt, rb, rg, rsq = np_loss_grad(dense, y, w, 0.3, loss, squares=True)
+    np.testing.assert_allclose([tot, gb, sq], [rt, rb, rsq], rtol=1e-12)
     np.testing.assert_allclose(g, rg, rtol=1e-12, atol=1e-12)
 
 
@@ -109,7 +110,7 @@ def test_logistic_optimum_equals_scikit_learn(small):
 
     store, model = small
     l2 = 1e-4
-    r = refit(model, store, l2=l2, max_iter=500, tol=1e-9)
+    r = refit(model, store, l2=l2, l1=0, max_iter=500, tol=1e-9)
     X, y = train_matrix(store, model.coef_indices)
     sk = LogisticRegression(C=1.0 / (y.size * l2), tol=1e-12, max_iter=20000).fit(X, y)
     w = r.dense_weights()[model.coef_indices]
@@ -119,10 +120,75 @@ def test_logistic_optimum_equals_scikit_learn(small):
     assert info["converged"] and info["grad_max"] < 1e-6 and info["objective"] < info["objective_start"]
 
 
+def test_take_rows_equals_scipy_row_selection():
+    rng = np.random.default_rng(5)
+    X = sp.random(50, 30, density=0.2, random_state=2, format="csr", dtype=np.float32)
+    for rows in (np.array([], dtype=np.int64), np.array([0, 3, 4, 49]), np.flatnonzero(rng.random(50) < 0.3)):
+        ip, ix, v = K.take_rows(X.indptr.astype(np.int64), X.indices, X.data, rows.astype(np.int64))
+        ref = X[rows]
+        np.testing.assert_array_equal(ip, ref.indptr)
+        np.testing.assert_array_equal(ix, ref.indices)
+        np.testing.assert_array_equal(v, ref.data)
+
+
+@pytest.mark.filterwarnings("ignore:.*penalty:FutureWarning", "ignore:Inconsistent values:UserWarning")
+def test_l1_solve_equals_scikit_learn_l1_logistic_with_exact_zeros(small):
+    """With an L1 penalty the refit on S is L1-regularised logistic regression restricted to S: the optimum of
+    scikit-learn's saga solver (unpenalised intercept) at C = 1/(n·l1), exact zeros included."""
+    from sklearn.linear_model import LogisticRegression
+
+    from pipeline.refit import solve
+
+    store, model = small
+    S = model.coef_indices
+    X, y = train_matrix(store, S)
+    l1 = 2e-3
+    prob = RefitProblem(store, S, l2=0.0)
+    theta, res = solve(prob, np.zeros(S.size + 1), l1, max_iter=2000, tol=1e-10)
+    sk = LogisticRegression(penalty="l1", solver="saga", C=1.0 / (y.size * l1), tol=1e-10, max_iter=100000)
+    sk.fit(X, y)
+
+    def objective(w, b):
+        return np.mean(np.logaddexp(0.0, -y * (X @ w + b))) + l1 * np.abs(w).sum()
+
+    w_sk = sk.coef_.ravel()
+    assert objective(theta[:-1], theta[-1]) <= objective(w_sk, sk.intercept_[0]) + 1e-9
+    np.testing.assert_allclose(theta[:-1], w_sk, atol=2e-3 * np.abs(w_sk).max())
+    zeros = theta[:-1] == 0.0
+    assert 0 < zeros.sum() < S.size                       # exact zeros, and not all of them
+    assert (zeros == (np.abs(w_sk) < 1e-6)).mean() > 0.97  # the same support, up to saga's tolerance
+
+
+def test_auto_l1_is_chosen_on_training_rows_only_and_keeps_a_subset_of_s(small):
+    """The validated path: the chosen penalty is a path point, the path's validation losses come from training
+    rows (never the holdout), the result is supported on S with exact zeros, and the split is seeded."""
+    store, model = small
+    r = refit(model, store)
+    info = r.meta["refit"]
+    path = info["l1_path"]
+    chosen = [p for p in path if p.get("chosen")]
+    assert len(chosen) == 1 and info["l1"] == chosen[0]["l1"] > 0 and info["validation"] == 0.2
+    best = min(p["val_loss"] for p in path)
+    assert chosen[0]["val_loss"] <= best + chosen[0]["val_se"] + 1e-12 or chosen[0]["val_loss"] == best
+    assert all(p["l1"] > q["l1"] for p, q in zip(path, path[1:]))  # decreasing penalties
+    assert set(r.coef_indices.tolist()) <= set(model.coef_indices.tolist()) and r.nnz < model.nnz
+    again = refit(model, store)
+    np.testing.assert_array_equal(again.coef_values, r.coef_values)
+
+
+def test_validation_rows_are_seeded_per_block():
+    from pipeline.refit import validation_rows
+
+    a = validation_rows(10000, 0.2, 3, 1)
+    assert a.dtype == bool and abs(a.mean() - 0.2) < 0.02
+    np.testing.assert_array_equal(a, validation_rows(10000, 0.2, 3, 1))
+    assert (a != validation_rows(10000, 0.2, 3, 2)).any() and (a != validation_rows(10000, 0.2, 4, 1)).any()
+
+
 def test_squared_optimum_equals_closed_form_ridge(small):
     store, model = small
     l2 = 1e-3
-    r = refit(model, store, l2=l2, loss="squared", max_iter=1000, tol=1e-10)
+    r = refit(model, store, l2=l2, l1=0, loss="squared", max_iter=1000, tol=1e-10)
     X, y = train_matrix(store, model.coef_indices)
     n, s = X.shape
     A = np.hstack([X.toarray(), np.ones((n, 1))])
@@ -135,13 +201,13 @@ def test_squared_optimum_equals_closed_form_ridge(small):
 def test_support_is_kept_metadata_recorded_and_state_dropped(small, tmp_path):
     store, model = small
     assert model.states is not None
-    r = refit(model, store, max_iter=30)
+    r = refit(model, store, l1=0, max_iter=30)
     S = set(model.coef_indices.tolist())
     assert r.nnz > 0 and set(r.coef_indices.tolist()) <= S and r.nnz >= model.nnz - 1
     assert r.n_features == model.n_features and r.states is None and r.gstate is None
     assert r.meta["algorithm"] == "ftrl" and r.meta["hyper"] == model.meta["hyper"]
     info = r.meta["refit"]
-    assert {"l2", "loss", "iterations", "evaluations", "objective", "grad_norm", "seconds"} <= set(info)
+    assert {"l1", "l2", "loss", "iterations", "evaluations", "objective", "grad_norm", "seconds"} <= set(info)
     assert info["support"] == model.nnz and info["loss"] == "logistic" and info["iterations"] <= 30
     r.save(tmp_path / "r.npz")
     back = load_model(tmp_path / "r.npz")
@@ -187,7 +253,7 @@ def test_refit_recovers_the_true_weights_as_rows_grow(synth_stores):
     for rows, (store, truth, s) in synth_stores.items():
         t = truth["values"] / s
         m = fit(store, "ftrl", FTRL, passes=5, paths=1, evaluate=False)
-        r = refit(m, store, l2=1e-6)
+        r = refit(m, store, l2=1e-6, l1=0)
 
         def score(model):
             w = model.dense_weights()[truth["indices"]]
@@ -225,5 +291,12 @@ def test_cli_train_refit_end_to_end(small, tmp_path):
     assert summary["holdout"]["error"] == m.meta["holdout"]["error"]
     assert summary["refit"]["holdout_before"]["n_rows"] == m.meta["holdout"]["n_rows"]
     assert m.meta["refit"]["l2"] == 1e-4 and m.states is None
+    assert summary["refit"]["l1"] > 0 and summary["refit"]["nnz_before"] >= m.nnz
     r2 = CliRunner().invoke(app, ["train", store, "--out", str(tmp_path / "x.npz"), "--refit-l2", "1e-3"])
     assert r2.exit_code == 2 and "--refit" in r2.output
+    r3 = CliRunner().invoke(app, ["train", store, "--out", str(tmp_path / "y.npz"), "--refit", "--refit-l1", "x"])
+    assert r3.exit_code == 2 and "--refit-l1" in r3.output and not (tmp_path / "y.npz").exists()
+    r4 = CliRunner().invoke(app, ["train", store, "--out", str(tmp_path / "z.npz"), "--algo", "ftrl", "--set", "l1=3",
+                                  "--passes", "2", "--refit", "--refit-l1", "0", "--json"])
+    assert r4.exit_code == 0, r4.output
+    assert json.loads(r4.stdout[r4.stdout.index("{"):])["refit"]["l1"] == 0.0

@@ -72,18 +72,41 @@ def compact_block(indptr, indices, data, support, bits):
 
 @numba.njit(cache=True, nogil=True)
 def loss_grad(cindptr, cidx, cval, y, w, bias, code, grad):
-    """Sums over the block's rows: returns (Σ ℓ(f_i, y_i), Σ ℓ'(f_i, y_i)) with f_i = x_{i,S}·w + bias, and
-    writes Σ ℓ'(f_i, y_i)·x_{i,S} into ``grad`` (overwritten; float64[s]). ``code``: losses.LOGISTIC or SQUARED."""
+    """Sums over the block's rows: returns (Σ ℓ(f_i, y_i), Σ ℓ'(f_i, y_i), Σ ℓ(f_i, y_i)²) with f_i = x_{i,S}·w +
+    bias, and writes Σ ℓ'(f_i, y_i)·x_{i,S} into ``grad`` (overwritten; float64[s]). ``code``: losses.LOGISTIC or
+    SQUARED. (Σ ℓ² gives the standard error of a mean validation loss.)"""
     grad[:] = 0.0
     total = 0.0
+    total_sq = 0.0
     gbias = 0.0
     for i in range(cindptr.shape[0] - 1):
         f = bias
         for k in range(cindptr[i], cindptr[i + 1]):
             f += w[cidx[k]] * cval[k]
-        total += loss(f, y[i], code)
+        ell = loss(f, y[i], code)
+        total += ell
+        total_sq += ell * ell
         d = dloss(f, y[i], code, False)
         gbias += d
         for k in range(cindptr[i], cindptr[i + 1]):
             grad[cidx[k]] += d * cval[k]
-    return total, gbias
+    return total, gbias, total_sq
+
+
+@numba.njit(cache=True, nogil=True)
+def take_rows(cindptr, cidx, cval, rows):
+    """The sub-CSR of the given rows (int64, increasing): (indptr int64[len(rows) + 1], idx, val)."""
+    m = 0
+    for r in range(rows.shape[0]):
+        m += cindptr[rows[r] + 1] - cindptr[rows[r]]
+    indptr = np.zeros(rows.shape[0] + 1, dtype=np.int64)
+    idx = np.empty(m, dtype=cidx.dtype)
+    val = np.empty(m, dtype=cval.dtype)
+    m = 0
+    for r in range(rows.shape[0]):
+        for k in range(cindptr[rows[r]], cindptr[rows[r] + 1]):
+            idx[m] = cidx[k]
+            val[m] = cval[k]
+            m += 1
+        indptr[r + 1] = m
+    return indptr, idx, val
