@@ -94,6 +94,7 @@ class JobConfig:
     keep: int = 10
     validation: Validation = field(default_factory=Validation)
     ingest: dict = field(default_factory=dict)
+    refit: dict = field(default_factory=dict)
     source: str = "<flags>"
 
     @property
@@ -104,7 +105,8 @@ class JobConfig:
         return {k: v for k, v in self.train.items() if k not in TRAIN_RUN_KEYS}
 
 
-SECTIONS = {"train", "gate", "window", "retention", "validation", "ingest"}
+SECTIONS = {"train", "gate", "window", "retention", "validation", "ingest", "refit"}
+REFIT_KEYS = {"enabled": bool, "l1": (str, int, float), "l2": (int, float), "max_iter": int}
 TOP_KEYS = {"store", "registry"}
 
 
@@ -173,9 +175,14 @@ def load_job(path=None, overrides: dict | None = None, train_keys=None) -> JobCo
     from pipeline.ingest import IngestOptions
 
     ing = table("ingest", {f.name for f in dataclasses.fields(IngestOptions)})
+    ref = table("refit", set(REFIT_KEYS))
+    for k, v in ref.items():
+        if not isinstance(v, REFIT_KEYS[k]) or (k == "l1" and isinstance(v, str) and v != "auto") \
+                or (k != "enabled" and isinstance(v, bool)):
+            raise ValueError(f"{src}: refit.{k} has the wrong type or value: {v!r}")
     cfg = JobConfig(store=str(raw["store"]), registry=str(raw["registry"]), train=tr, gate=gate,
                     generations=int(win.get("generations", 0)), keep=int(ret.get("keep", 10)), validation=val,
-                    ingest=ing, source=src)
+                    ingest=ing, refit=ref, source=src)
     if cfg.generations < 0:
         raise ValueError(f"{src}: window.generations must be >= 0")
     if cfg.keep < 1:
@@ -230,7 +237,8 @@ def _run_key(fingerprints: list[str], cfg: JobConfig, st) -> str:
     if fingerprints:
         return "night-" + hashlib.sha256("\n".join(sorted(fingerprints)).encode()).hexdigest()[:16]
     desc = json.dumps({"store": st.manifest["store_id"], "version": st.manifest["manifest_version"],
-                       "train": cfg.train, "window": cfg.generations}, sort_keys=True, default=str)
+                       "train": cfg.train, "window": cfg.generations, **({"refit": cfg.refit} if cfg.refit else {})},
+                      sort_keys=True, default=str)
     return "manual-" + hashlib.sha256(desc.encode()).hexdigest()[:16]
 
 
@@ -485,6 +493,15 @@ def _run_locked(cfg, reg, lock, clients, new_inputs, force, steps, t_all, say):
 
         production = load_model(reg.model_file(parent))
     candidate, tinfo = _train(cfg, reg, run, st, train_keys, production, clients, say)
+    if cfg.refit.get("enabled"):  # deterministic: a re-run after a kill refits the checkpoint again, identically
+        from pipeline.refit import refit
+
+        candidate = refit(candidate, st.path, client=clients.train_client(), blocks=train_keys,
+                          **{k: v for k, v in cfg.refit.items() if k != "enabled"})
+        r = candidate.meta["refit"]
+        tinfo.update(refit={k: r[k] for k in ("l1", "l2", "nnz_before", "nnz", "iterations", "seconds")},
+                     nnz=candidate.nnz, density=candidate.density)
+        say("train", f"refit: {r['nnz_before']} -> {r['nnz']} non-zeros (l1 {r['l1']:g})")
     state["trained"] = True
     reg.save_run_state(run, state)
     steps["train"] = round(time.time() - t0, 3)

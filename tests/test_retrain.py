@@ -330,3 +330,26 @@ def test_train_generations_window_reads_only_the_newest_generations(base2, tmp_p
     assert np.array_equal(m.coef_indices, only.coef_indices) and np.array_equal(m.coef_values, only.coef_values)
     assert not (m.nnz == both.nnz and np.array_equal(m.coef_values, both.coef_values))
     assert m.meta["holdout"]["n_rows"] == only.meta["holdout"]["n_rows"] < both.meta["holdout"]["n_rows"]
+
+
+def test_refit_in_the_nightly_job(days, tmp_path):
+    """[refit] enabled: the candidate that is gated and registered is the refitted model (support within the
+    trained one, metrics of the refitted weights); a re-run of the night is a no-op; bad [refit] keys are refused."""
+    from pipeline.evaluate import evaluate_store
+
+    d = str(tmp_path / "job")
+    _job(d, '[refit]\nenabled = true\nl1 = "auto"\nmax_iter = 50\n')
+    code, res = _run(d, [days[1]])
+    assert code == EXIT_OK and res["status"] == "promoted", res
+    prod = open_registry(os.path.join(d, "models")).production()
+    info = prod.meta["refit"]
+    assert info["l1"] > 0 and info["nnz"] == prod.nnz <= info["nnz_before"] and prod.states is None
+    assert res["candidate"]["refit"]["nnz"] == prod.nnz
+    st = os.path.join(d, "store.zarr")
+    assert res["candidate"]["metrics"]["error"] == pytest.approx(evaluate_store(prod, st, "holdout")["error"])
+    code, again = _run(d, [days[1]])  # the same night again: a no-op reporting the earlier decision
+    assert code == EXIT_OK and again["noop"] and again["earlier_status"] == "promoted"
+    for bad, msg in (('[refit]\nenabled = true\nl3 = 1\n', "refit.l3"), ('[refit]\nl1 = "x"\n', "refit.l1"),
+                     ('[refit]\nenabled = 1\n', "refit.enabled")):
+        with pytest.raises(ValueError, match=msg):
+            load_job(_job(str(tmp_path / "bad"), bad))
