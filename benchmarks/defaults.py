@@ -17,6 +17,8 @@ Per set and loss (logistic, hinge):
 - ``stsgd`` with its current defaults (``STSGDParams()`` read at run time; only ``loss`` is passed), and a
   grid over l1 x K (STSGD_L1 x STSGD_K) for the leave-one-set-out check;
 - ``ftrl`` with its defaults, and a grid over l1 (FTRL_L1);
+- ``stsgd+refit``, ``ftrl+refit``: the defaults followed by ``train --refit``'s defaults (the L1 refit on the
+  support with its penalty chosen on 20% of the training rows);
 - LIBLINEAR exact L1-regularised logistic regression (scikit-learn ``LogisticRegression(penalty="l1",
   solver="liblinear")``) over C in LL_C on the very training rows of the store (its training blocks, read
   back, in memory) -> best error, and the error at the C whose density is closest (in log) to a default's
@@ -24,7 +26,9 @@ Per set and loss (logistic, hinge):
 
 Checks (issue 12 Targets, "On every set in ../shared/data"):
 - ``stsgd<=tg``: stsgd default error <= tg best error + 1 point, at density <= half of tg best's density;
-- ``ours~LL``: among the stsgd and ftrl defaults whose density is <= 2%, the one with the lower error is
+- ``stsgd+refit<=tg``: the same for stsgd with ``--refit``;
+- ``ours~LL``: among the stsgd, ftrl, stsgd+refit and ftrl+refit defaults whose density is <= 2%, the one with
+  the lower error is
   within 1 point of LIBLINEAR's error at matched density (no default at <= 2%: "no").
 
 Leave-one-set-out: for each set S, the stsgd (l1, K) grid point that, on all other sets (both losses),
@@ -130,18 +134,20 @@ def _rows(store: str, split: str):
 _CACHE: dict = {}
 
 
-def run_fit(where: dict, algo: str, opts: dict) -> dict:
-    """Train in-process and evaluate; identical resolved options are trained once."""
+def run_fit(where: dict, algo: str, opts: dict, refit: dict | None = None) -> dict:
+    """Train in-process (then refit on the support when ``refit`` is a dict: ``train --refit``) and evaluate;
+    identical resolved options are trained once."""
     from pipeline.algorithms import make_algorithm
     from pipeline.evaluate import evaluate_store
     from pipeline.train import fit
 
     key = (where["train"], algo, json.dumps(dataclasses.asdict(make_algorithm(algo, dict(opts)).params),
-                                           sort_keys=True, default=str))
+                                           sort_keys=True, default=str), json.dumps(refit, sort_keys=True))
     if key in _CACHE:
         return {**_CACHE[key], "options": dict(opts)}
     c0, t0 = time.process_time(), time.perf_counter()
-    m = fit(where["train"], algo, dict(opts), passes=PASSES, paths=PATHS, seed=SEED, client=None, evaluate=False)
+    m = fit(where["train"], algo, dict(opts), passes=PASSES, paths=PATHS, seed=SEED, client=None, evaluate=False,
+            refit=refit)
     r = evaluate_store(m, where["eval_store"], where["split"])
     res = {"algo": algo, "options": dict(opts), "error": r["error"], "auc": r["auc"], "logloss": r["logloss"],
            "density": m.density, "nnz": m.nnz, "resolved": m.meta["hyper"].get("resolved"),
@@ -209,19 +215,27 @@ def study_set(name: str, losses, log) -> dict:
         r["stsgd_grid"] = [run_fit(where, "stsgd", {"loss": loss, "l1": l1, "K": K}) for l1 in STSGD_L1 for K in STSGD_K]
         r["ftrl_default"] = run_fit(where, "ftrl", {"loss": loss})
         r["ftrl_grid"] = [run_fit(where, "ftrl", {"loss": loss, "l1": l1}) for l1 in FTRL_L1]
+        r["stsgd_refit"] = run_fit(where, "stsgd", {"loss": loss}, refit={})
+        r["ftrl_refit"] = run_fit(where, "ftrl", {"loss": loss}, refit={})
         sd, fd = r["stsgd_default"], r["ftrl_default"]
-        r["ll_matched_stsgd"] = _matched(info["liblinear"], sd["density"])
-        r["ll_matched_ftrl"] = _matched(info["liblinear"], fd["density"])
-        cands = (("stsgd", sd, r["ll_matched_stsgd"]), ("ftrl", fd, r["ll_matched_ftrl"]))
+        for k in ("stsgd", "ftrl", "stsgd_refit", "ftrl_refit"):
+            r[f"ll_matched_{k}"] = _matched(info["liblinear"], r.get(k + "_default", r.get(k))["density"])
+        cands = tuple((k.replace("_refit", "+refit"), r.get(k + "_default", r.get(k)), r[f"ll_matched_{k}"])
+                      for k in ("stsgd", "ftrl", "stsgd_refit", "ftrl_refit"))
         sparse = [c for c in cands if c[1]["density"] <= 0.02]  # "at matched density (<= 2%)"
         ours = min(sparse or cands, key=lambda t: (t[1]["error"], t[1]["density"]))
         r["best_default"] = ours[0] if sparse else "none <= 2%"
         r["check_stsgd_vs_tg"] = bool(sd["error"] <= tg_best["error"] + 0.01 and sd["density"] <= tg_best["density"] / 2)
+        sr = r["stsgd_refit"]
+        r["check_stsgd_refit_vs_tg"] = bool(sr["error"] <= tg_best["error"] + 0.01
+                                            and sr["density"] <= tg_best["density"] / 2)
         r["check_ours_vs_ll"] = bool(sparse and ours[1]["error"] <= ours[2]["error"] + 0.01)
         r["cpu_s"] = round(time.process_time() - c0, 2)
         info["losses"][loss] = r
         log(f"{name}/{loss}: tg best {tg_best['error']:.4f} d={tg_best['density']:.4f} | stsgd {sd['error']:.4f} "
-            f"d={sd['density']:.4f} | ftrl {fd['error']:.4f} d={fd['density']:.4f} | {r['cpu_s']} s CPU")
+            f"d={sd['density']:.4f} | ftrl {fd['error']:.4f} d={fd['density']:.4f} | stsgd+refit "
+            f"{sr['error']:.4f} d={sr['density']:.4f} | ftrl+refit {r['ftrl_refit']['error']:.4f} "
+            f"d={r['ftrl_refit']['density']:.4f} | {r['cpu_s']} s CPU")
     return info
 
 
@@ -299,10 +313,13 @@ def table(sets: dict) -> list[dict]:
                 "tg best err% (dens%) [eta, g]": f"{_e(tb)} ({_d(tb)}) [{tb['options']['eta']:g}, {tb['options']['gravity']:g}]",
                 "tg sparsest ≤1pt [eta, g]": f"{_e(ts)} ({_d(ts)}) [{ts['options']['eta']:g}, {ts['options']['gravity']:g}]",
                 "ftrl def err% (dens%)": f"{_e(fd)} ({_d(fd)})",
+                "stsgd+refit err% (dens%)": f"{_e(r['stsgd_refit'])} ({_d(r['stsgd_refit'])})",
+                "ftrl+refit err% (dens%)": f"{_e(r['ftrl_refit'])} ({_d(r['ftrl_refit'])})",
                 "LL best err% (dens%) [C]": f"{_e(llb)} ({_d(llb)}) [{llb['C']:g}]",
                 "LL@stsgd dens": f"{_e(ms)} ({_d(ms)})",
                 "LL@ftrl dens": f"{_e(mf)} ({_d(mf)})",
                 "stsgd≤tg+1 at ≤½ dens": "yes" if r["check_stsgd_vs_tg"] else "no",
+                "stsgd+refit≤tg+1 at ≤½ dens": "yes" if r["check_stsgd_refit_vs_tg"] else "no",
                 "best def at ≤2% ≤ LL@dens+1": ("yes" if r["check_ours_vs_ll"] else "no") + f" ({r['best_default']})",
             })
     return rows
@@ -328,7 +345,8 @@ def main(argv=None):
     sets = {n: study_set(n, losses, log) for n in names}
     lo = loso(sets)
     rows = table(sets)
-    checks = {n: {loss: {"stsgd_vs_tg": r["check_stsgd_vs_tg"], "ours_vs_liblinear": r["check_ours_vs_ll"]}
+    checks = {n: {loss: {"stsgd_vs_tg": r["check_stsgd_vs_tg"], "stsgd_refit_vs_tg": r["check_stsgd_refit_vs_tg"],
+                         "ours_vs_liblinear": r["check_ours_vs_ll"]}
                   for loss, r in info["losses"].items()} for n, info in sets.items()}
     report(a.name, {"settings": {"passes": PASSES, "paths": PATHS, "seed": SEED, "tg_etas": TG_ETAS,
                                  "tg_gravities": TG_GRAVITIES, "stsgd_l1": STSGD_L1, "stsgd_K": STSGD_K,
