@@ -138,13 +138,13 @@ def _refit_options(on: bool, l2: float | None, iters: int | None, l1: str | None
         if l2 is not None or iters is not None or l1 is not None:
             fail("--refit-l1, --refit-l2 and --refit-iters need --refit", 2)
         return None
-    if l1 is not None and l1 != "auto":
+    if l1 is not None:
+        from pipeline.refit import parse_l1
+
         try:
-            l1 = float(l1)
-        except ValueError:
-            l1 = -1.0
-        if not l1 >= 0:
-            fail("--refit-l1 must be 'auto' or a number >= 0", 2)
+            l1 = parse_l1(l1)
+        except ValueError as e:
+            fail(f"--refit-l1: {e}", 2)
     return {k: v for k, v in (("l2", l2), ("max_iter", iters), ("l1", l1)) if v is not None}
 
 

@@ -1,4 +1,5 @@
-"""Model post-processing command: sparsify (ALGORITHMS.md §3 stage 2, randomized sparsification)."""
+"""Model post-processing commands: sparsify (ALGORITHMS.md §3 stage 2, randomized sparsification) and refit
+(ALGORITHMS.md §8, relaxed lasso on the support)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -48,3 +49,57 @@ def sparsify(
         typer.echo(f"{out}: {info['method']} sparsification of {model} ({info['source']}), K = {info['K']:,} "
                    f"draws, {info['nnz_before']:,} -> {info['nnz']:,} non-zeros; expected excess risk bound "
                    f"{info['excess_bound']:.4g}")
+
+
+@app.command()
+def refit(
+    model: Path = typer.Argument(..., help="Model file (any algorithm; its non-zero weights are the support S)."),
+    store: Path = typer.Argument(..., help="Store whose training blocks the refit reads (holdout: metrics only)."),
+    out: Path = typer.Option(..., "--out", "-o", help="Refitted model file to write."),
+    l1: str = typer.Option("auto", "--l1", help="L1 penalty on the mean loss: 'auto' (a path fitted on 80% of "
+                                                "the training rows, chosen on the other 20%) or a number; 0: "
+                                                "L2 only."),
+    l2: Optional[float] = typer.Option(None, "--l2", min=0.0, help="L2 penalty on the mean loss (default "
+                                                                   "3e-3 / training rows)."),
+    iters: Optional[int] = typer.Option(None, "--iters", min=1, help="L-BFGS-B iterations of the final fit at "
+                                                                      "most (default 100)."),
+    workers: Optional[int] = typer.Option(None, "--workers", min=1, help="Start a local cluster of N processes "
+                                                                         "(default: threads in this process)."),
+    scheduler: Optional[str] = typer.Option(None, "--scheduler", help="Join this Dask scheduler instead."),
+    as_json: bool = typer.Option(False, "--json", help="Print a JSON summary."),
+    no_verify: bool = no_verify_option(),
+):
+    """Refit MODEL on its own support over STORE's training blocks (what `train --refit` does after training):
+    the exact elastic-net solve on S, then holdout metrics. The input model is not changed."""
+    apply_verify(no_verify)
+    from pipeline.cluster import dask_client
+    from pipeline.model import load_model
+    from pipeline.refit import parse_l1
+    from pipeline.store.reader import open_store
+    from pipeline.train import refit_model
+
+    try:
+        options = {"l1": parse_l1(l1), **({"l2": l2} if l2 is not None else {}),
+                   **({"max_iter": iters} if iters is not None else {})}
+    except ValueError as e:
+        fail(f"--l1: {e}", 2)
+    try:
+        m = load_model(model)
+        st = open_store(str(store))
+        blocks = (m.meta.get("provenance") or {}).get("blocks")  # a model trained on a window: the same rows
+        with dask_client(workers, scheduler) as client:
+            r = refit_model(m, st, client, blocks, True, options)
+        r.meta["refit"]["input_model"] = str(model)
+        r.save(out)
+    except user_errors() as e:
+        fail(str(e))
+    info = {k: v for k, v in r.meta["refit"].items() if k != "l1_path"}
+    summary = {"model": str(out), "holdout": r.meta.get("holdout"), "density": r.density, **info}
+    if as_json:
+        emit_json(summary)
+        return
+    h, hb = r.meta.get("holdout") or {}, info.get("holdout_before") or {}
+    typer.echo(f"{out}: refit of {model} ({info['loss']}, l1 {info['l1']:g}, l2 {info['l2']:g}): "
+               f"{info['nnz_before']:,} -> {r.nnz:,} non-zeros, {info['evaluations']} passes in {info['seconds']:.1f}s"
+               + (f"; holdout error {hb['error']:.4f} -> {h['error']:.4f}, AUC {hb['auc']:.4f} -> {h['auc']:.4f}"
+                  if "error" in h and "error" in hb else ""))

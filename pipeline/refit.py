@@ -64,6 +64,19 @@ VALIDATION_FRACTION = 0.2  # training rows set aside to choose the refit's L1 pe
 PATH_PER_DECADE, PATH_DECADES, PATH_PATIENCE, PATH_MAX_ITER = 3, 4.0, 2, 60  # a larger weight vector goes to the workers scattered, once per evaluation
 
 
+def parse_l1(text) -> float | str:
+    """An L1 setting as users write it: "auto" or a number >= 0 (ValueError otherwise)."""
+    if text == "auto":
+        return "auto"
+    try:
+        v = float(text)
+    except (TypeError, ValueError):
+        v = -1.0
+    if not v >= 0:
+        raise ValueError(f"the refit's L1 penalty must be 'auto' or a number >= 0, got {text!r}")
+    return v
+
+
 def refit_loss(model, label_kind: str | None = None, loss: str | None = None) -> str:
     """The loss the refit uses: ``loss`` if given, else the model's when smooth, else logistic (squared for
     regression stores)."""

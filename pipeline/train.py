@@ -64,16 +64,16 @@ def fit(store_path: str, algo: str = "tg", options: dict | None = None, *, passe
     }
     model = Model.from_dense(res.w, res.bias, meta=meta, states=res.states, gstate=res.gstate)
     if refit is not None:
-        model = _refit(model, st, client, blocks, evaluate, refit)
+        model = refit_model(model, st, client, blocks, evaluate, refit)
     return model
 
 
-def _refit(model: Model, st, client, blocks, evaluate: bool, options: dict) -> Model:
+def refit_model(model: Model, st, client=None, blocks=None, evaluate: bool = True, options: dict | None = None) -> Model:
     """The relaxed-lasso refit of ``model`` on its support (pipeline/refit.py), with its holdout metrics."""
     from pipeline.evaluate import evaluate_store
     from pipeline.refit import refit
 
-    model = refit(model, st.path, client=client, blocks=blocks, **options)
+    model = refit(model, st.path, client=client, blocks=blocks, **(options or {}))
     keep = None if blocks is None else set(blocks)
     if evaluate and any(keep is None or e["key"] in keep for e in st.entries("holdout")):
         res = evaluate_store(model, st.path, "holdout", client, blocks=blocks)

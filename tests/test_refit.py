@@ -300,3 +300,24 @@ def test_cli_train_refit_end_to_end(small, tmp_path):
                                   "--passes", "2", "--refit", "--refit-l1", "0", "--json"])
     assert r4.exit_code == 0, r4.output
     assert json.loads(r4.stdout[r4.stdout.index("{"):])["refit"]["l1"] == 0.0
+
+
+def test_cli_refit_command_equals_the_api_and_leaves_the_input(small, tmp_path):
+    store, model = small
+    src = tmp_path / "m.npz"
+    model.save(src)
+    before = src.read_bytes()
+    out = tmp_path / "r.npz"
+    r = CliRunner().invoke(app, ["refit", str(src), store, "--out", str(out), "--l1", "auto", "--json"])
+    assert r.exit_code == 0, r.output
+    summary = json.loads(r.stdout[r.stdout.index("{"):])
+    got = load_model(out)
+    ref = refit(model, store)
+    np.testing.assert_array_equal(got.coef_indices, ref.coef_indices)
+    np.testing.assert_array_equal(got.coef_values, ref.coef_values)
+    assert summary["nnz"] == got.nnz and summary["holdout"]["error"] == got.meta["holdout"]["error"]
+    assert got.meta["refit"]["input_model"] == str(src) and src.read_bytes() == before
+    bad = CliRunner().invoke(app, ["refit", str(src), store, "--out", str(tmp_path / "b.npz"), "--l1", "-1"])
+    assert bad.exit_code == 2 and "--l1" in bad.output and not (tmp_path / "b.npz").exists()
+    missing = CliRunner().invoke(app, ["refit", str(tmp_path / "none.npz"), store, "--out", str(tmp_path / "c.npz")])
+    assert missing.exit_code == 1 and "none.npz" in missing.output and "Traceback" not in missing.output
