@@ -13,10 +13,12 @@ block cache is off (``pipeline.engine.cache_budget`` patched to 0 in the command
 workers use), as it is at webspam scale: a 35k-row store at full width would otherwise fit the 1 GiB cache and its
 blocks would add up to 1 GB to each worker.
 
-For each algorithm (defaults): every array of one path's state and of the global state, its dtype and bytes;
-then the per-worker estimate with one path per worker (pipeline.memory.worker_need, the one ``train`` checks
-against the workers' memory_limit): the state the task receives plus the task's private copy (tasks are pure:
-they advance a copy), plus the global state and a process baseline of 0.3 GB. The block cache is 0 at webspam scale
+For each algorithm (defaults): every array of one path's state (``path``: what it keeps between stages), of the
+working state a stage's task advances when it differs from a private copy (``work``: STSGD expands its compact state)
+and of the global state, its dtype and bytes; then the per-worker estimate with one path per worker
+(pipeline.memory.worker_need, the one ``train`` checks against the workers' memory_limit): the state the task
+receives plus the task's working copy (tasks are pure: they advance a copy), the global state, the stage-end merge
+and a process baseline of 0.3 GB. The block cache is 0 at webspam scale
 (see pipeline.engine.cache_budget) and the decoded blocks of one shuffle window (4 x 64 MB blocks) come on
 top. Measured per-process peaks of whole runs are in benchmarks/webspam.py's output.
 """
@@ -41,21 +43,28 @@ def account(name: str, p: int) -> tuple[list[dict], dict]:
     from pipeline.algorithms import make_algorithm
     from pipeline.memory import worker_need
 
+    from pipeline.algorithms.base import copy_state
+
     algo = make_algorithm(name, {})
     rows = []
     state = algo.init_path(p, 0)
-    for k, v in state.items():
-        rows.append({"algo": name, "where": "path", "array": k, "dtype": str(v.dtype), "shape": str(v.shape),
-                     "MB": round(v.nbytes / 1e6, 1)})
+    work = algo.working_state(copy_state(state))
+    for where, st in (("path", state), ("work", work)):
+        if where == "work" and st.keys() == state.keys():
+            continue  # the task's private copy of the path state
+        for k, v in st.items():
+            rows.append({"algo": name, "where": where, "array": k, "dtype": str(v.dtype), "shape": str(v.shape),
+                         "MB": round(v.nbytes / 1e6, 1)})
     g = algo.init_global(p)
     for k, v in g.items():
         v = np.asarray(v)
         if v.nbytes > 1 << 16:
             rows.append({"algo": name, "where": "global", "array": k, "dtype": str(v.dtype), "shape": str(v.shape),
                          "MB": round(v.nbytes / 1e6, 1)})
-    del state, g
+    del state, work, g
     need = worker_need(algo, p, 1)  # the estimate train checks against the workers' memory_limit
     return rows, {"algo": name, "path_state_MB": round(need["path"] / 1e6, 1),
+                  "working_MB": round(need["work"] / 1e6, 1), "exchange_MB": round(need["exchange"] / 1e6, 1),
                   "global_MB": round(need["global"] / 1e6, 1),
                   "worker_estimate_MB": round(need["total"] / 1e6, 1)}
 
@@ -149,10 +158,11 @@ def _role_of(root_pid: int, workers: dict):
 
 
 def sample_train(store: str, algo: str, workers: int, passes: int, every: float, cache: bool,
-                 extra: list[str]) -> dict:
-    """Run ``sparsepipe train`` on ``store`` and sample its processes (see the module docstring)."""
+                 extra: list[str], keep: str | None = None) -> dict:
+    """Run ``sparsepipe train`` on ``store`` and sample its processes (see the module docstring); the model is
+    written to ``keep`` when given."""
     with tempfile.TemporaryDirectory(dir=os.environ.get("TMPDIR")) as d:
-        model = Path(d) / "model.npz"
+        model = Path(keep) if keep else Path(d) / "model.npz"
         cmd = [sys.executable, "-c", WITH_CACHE if cache else NO_CACHE, "train", store, "--algo", algo,
                "--workers", str(workers), "--passes", str(passes), "--out", str(model), "--json", *extra]
         t0 = time.perf_counter()
@@ -201,12 +211,13 @@ def main(argv=None):
     ap.add_argument("--passes", type=int, default=3)
     ap.add_argument("--every", type=float, default=0.2, help="sampling interval, seconds")
     ap.add_argument("--cache", action="store_true", help="leave the block cache as train sets it (default: off)")
+    ap.add_argument("--model", help="keep the trained model in this file (to compare models before/after)")
     ap.add_argument("--tag", default="", help="suffix of the report name (bench-out/memory_train<tag>.json)")
     ap.add_argument("--algos", default=",".join(a for a in ALGORITHMS if a != "scd"),
                     help="comma-separated (scd keeps an in-memory column copy of the data: not a path state)")
     a, extra = ap.parse_known_args(argv)
     if a.train:
-        r = sample_train(a.train, a.algo, a.workers, a.passes, a.every, a.cache, extra)
+        r = sample_train(a.train, a.algo, a.workers, a.passes, a.every, a.cache, extra, a.model)
         (out_dir() / f"memory_train{a.tag}.timeline.json").write_text(json.dumps(r.pop("timeline")))
         report("memory_train" + a.tag, r, r["processes"], ["process", "pid", "samples", "peak_rss_gb",
                                                            "peak_pss_gb", "peak_uss_gb", "at_s"])
@@ -222,7 +233,7 @@ def main(argv=None):
         totals.append(t)
         print(t, flush=True)
     report("memory", {"features": a.features, "arrays": arrays, "totals": totals}, totals,
-           ["algo", "path_state_MB", "global_MB", "worker_estimate_MB"])
+           ["algo", "path_state_MB", "working_MB", "global_MB", "exchange_MB", "worker_estimate_MB"])
 
 
 if __name__ == "__main__":
