@@ -330,7 +330,9 @@ class STSGD(Algorithm):
     def summarize(self, state):
         ist = state["istate"]
         v = self.views(state)
-        cnt = R.sparse_counters(v["cnt_evid"], v["cnt_surv"], v["cnt_upd"])
+        p = self.params  # κ only where the decision reads it: carried counters (ST-11) or the paper's ratio
+        cnt = R.sparse_counters(v["cnt_evid"], v["cnt_surv"],
+                                v["cnt_upd"] if p.delta_K > 0 or p.ratio == "paper" else None)
         widx, wval = R.sparse_weights(v["w"])
         return {"cnt": cnt, "ratios": state["ratios"][: int(ist[KS.I_NRATIOS])].copy(),
                 "w": (widx, wval), "bias": state["fstate"][KS.F_BIAS:KS.F_BIAS + 1].copy(),
@@ -373,7 +375,7 @@ class STSGD(Algorithm):
         # (ST-6)/(ST-11) selection probabilities of the stage's touched features (all alive during the stage)
         idx, prob, new_carry = R.carried_selection_probability(carry, cnt, p.delta_K, p.ratio)
         if p.stability and p.pi0 > 0:
-            purged = np.sort(idx[prob < p.pi0]).astype(np.int64)  # (ST-7); stage features are alive
+            purged = idx[prob < p.pi0]  # (ST-7); stage features are alive; idx is strictly increasing
         else:
             purged = np.zeros(0, dtype=np.int64)
         if purged.size and new_carry[0].size:
