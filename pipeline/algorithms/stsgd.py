@@ -171,9 +171,12 @@ class STSGD(Algorithm):
     Params = STSGDParams
     shared_keys = ("ctrl",)
     feature_keys = ()  # rec is padded along axis 0 by resize below
-    # two paths' summaries of ~all features touched in stage 1 (20 bytes each) and the decision's temporaries:
-    # measured 2.17 GB peak against a 1.52 GB state estimate at 16.6M features
-    exchange_bytes_per_feature = 40
+    # what comes on top of the stage's working state at a worker's peak. The stage-end merge no longer meets the
+    # working state (settled and freed inside the advance task): two summaries of ~all features touched in stage 1
+    # (6 bytes each at the defaults, 8 beyond 255 bursts a stage), their union and merge positions, ≤ 32 bytes per
+    # feature; the peak is in the stage, with the decoded blocks of a shuffle window. 35k rows x 16.6M features, 2
+    # workers, cache off: measured 1.20 GB against this estimate's 1.25 GB (benchmarks/memory.py --train)
+    exchange_bytes_per_feature = 20
 
     def __init__(self, params):
         super().__init__(params)
