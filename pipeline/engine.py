@@ -211,7 +211,8 @@ def advance_stage(ex, algo: Algorithm, states: list, data: DataRef, spec: RunSpe
     """Every path's stage (path m on worker m mod n) and the fixed-tree combination of their summaries:
     (the paths' settled states, the combined summary)."""
     out = [ex.submit_pinned(m, advance_task, algo, states[m], data, spec, m) for m in range(spec.n_paths)]
-    return [ex.first(o, 0) for o in out], tree(ex, [ex.first(o, 1) for o in out], _combine, algo)
+    part = [[ex.submit_pinned(m, _item, o, i) for m, o in enumerate(out)] for i in (0, 1)]  # where the task ran
+    return part[0], tree(ex, part[1], _combine, algo)
 
 
 def apply_task(algo, state, decision):
