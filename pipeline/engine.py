@@ -200,6 +200,7 @@ def advance_task(algo: Algorithm, state: dict, data: DataRef, spec: RunSpec, pat
             blocks_done += 1
         if stage_done or (spec.stage_blocks and blocks_done >= spec.stage_blocks):
             break
+    indptr = indices = data_ = y = rows = sel = None  # the last block group: not held through the summary
     algo.end_stage(state)
     tim = state.get(TIMING, np.zeros(4))
     state[TIMING] = tim + np.array([t_copy, t_read, t_kernel, nnz], dtype=np.float64)

@@ -7,7 +7,7 @@ loaded: ~0.3 GB measured). State sizes are linear in the width; they are measure
 ``init_path``/``working_state``/``init_global`` at two small widths and extrapolated, so nothing of the real width is
 allocated. At webspam width (16,609,143 features) tg's path state is 266 MB (twice: 1.10 GB per worker, measured
 1.08 GB); stsgd keeps 2 MB between stages (its settled state, ``STSGD.settle``: Ω as bits, the non-zero weights) and
-works on 599 MB during a stage: 1.25 GB per worker, measured 1.20 GB (benchmarks/memory.py lists every array and
+works on 599 MB during a stage: 1.25 GB per worker, measured 1.16 GB (benchmarks/memory.py lists every array and
 ``--train`` samples a real run).
 """
 from __future__ import annotations

@@ -175,7 +175,7 @@ class STSGD(Algorithm):
     # working state (settled and freed inside the advance task): two summaries of ~all features touched in stage 1
     # (6 bytes each at the defaults, 8 beyond 255 bursts a stage), their union and merge positions, ≤ 32 bytes per
     # feature; the peak is in the stage, with the decoded blocks of a shuffle window. 35k rows x 16.6M features, 2
-    # workers, cache off: measured 1.20 GB against this estimate's 1.25 GB (benchmarks/memory.py --train)
+    # workers, cache off: measured 1.16 GB against this estimate's 1.25 GB (benchmarks/memory.py --train)
     exchange_bytes_per_feature = 20
 
     def __init__(self, params):
