@@ -80,8 +80,9 @@ def diagnose(store: str, truth: str, algo: str, options: dict, passes: int, path
         for k in ("g0", "beta", "stable", "purged", "d", "rejection"):
             if k in rec:
                 row[k] = rec[k]
-        if isinstance(decision, dict) and "purged" in decision and decision["purged"].size:
-            pt = decision["purged"][is_true[decision["purged"]]]
+        if isinstance(decision, dict) and "purged" in decision and decision["purged"].any():
+            purged = np.flatnonzero(np.unpackbits(decision["purged"], count=p))  # stsgd: packed bits
+            pt = purged[is_true[purged]]
             row["true_purged"] = int(pt.size)
             row["true_purged_rank_median"] = int(np.median(rank[pt])) if pt.size else None
         out(json.dumps(row))

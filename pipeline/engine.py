@@ -10,6 +10,9 @@ None of this depends on which worker runs what, so 1 or N workers give bit-ident
 Tasks are pure: ``advance_task`` copies the state it receives and returns the advanced copy, so a task
 recomputed after a lost worker gives the same result. One task advances a path over *all* of its blocks
 in the stage, so the copy is paid once per stage, not per block; the task reports copy / I/O / kernel time.
+The same task summarizes the advanced state for the stage-end reduction and returns it settled
+(:meth:`Algorithm.settle`: STSGD keeps a compact state between stages and expands it only inside the task,
+:meth:`Algorithm.working_state`), so a stage's full working arrays never outlive the task.
 
 Placement: ``placement="paths"`` submits one task per path per stage (paths spread over workers);
 ``placement="single"`` runs the same stage loop inside one task (short stages on small data, where a
@@ -151,10 +154,10 @@ class RunSpec:
     max_rows: int = 0  # > 0: each path advances at most this many rows in the stage (the --max-density search)
 
 
-def advance_task(algo: Algorithm, state: dict, data: DataRef, spec: RunSpec, path: int) -> dict:
-    """Advance a private copy of one path's state by one stage (pure)."""
+def advance_task(algo: Algorithm, state: dict, data: DataRef, spec: RunSpec, path: int) -> tuple:
+    """Advance a private copy of one path's state by one stage (pure): (the settled state, its summary)."""
     t0 = time.perf_counter()
-    state = copy_state(state)
+    state = algo.working_state(copy_state(state))
     t_copy = time.perf_counter() - t0
     t_read = t_kernel = 0.0
     nnz = 0
@@ -197,14 +200,20 @@ def advance_task(algo: Algorithm, state: dict, data: DataRef, spec: RunSpec, pat
             blocks_done += 1
         if stage_done or (spec.stage_blocks and blocks_done >= spec.stage_blocks):
             break
+    indptr = indices = data_ = y = rows = sel = None  # the last block group: not held through the summary
     algo.end_stage(state)
     tim = state.get(TIMING, np.zeros(4))
     state[TIMING] = tim + np.array([t_copy, t_read, t_kernel, nnz], dtype=np.float64)
-    return state
+    summary = algo.summarize(state)
+    return algo.settle(state), summary
 
 
-def summarize_task(algo, state):
-    return algo.summarize(state)
+def advance_stage(ex, algo: Algorithm, states: list, data: DataRef, spec: RunSpec) -> tuple[list, object]:
+    """Every path's stage (path m on worker m mod n) and the fixed-tree combination of their summaries:
+    (the paths' settled states, the combined summary)."""
+    out = [ex.submit_pinned(m, advance_task, algo, states[m], data, spec, m) for m in range(spec.n_paths)]
+    part = [[ex.submit_pinned(m, _item, o, i) for m, o in enumerate(out)] for i in (0, 1)]  # where the task ran
+    return part[0], tree(ex, part[1], _combine, algo)
 
 
 def apply_task(algo, state, decision):
@@ -358,10 +367,9 @@ def run_stages(ex, algo: Algorithm, states: list, gstate: dict, data: DataRef, s
         # released as soon as its advance has made the private copy's successor (one state per path in memory
         # between stages, two only during the advance)
         before = (states, gstate, gref, decision) if spec.max_density is not None else None
-        states = [ex.submit_pinned(m, advance_task, algo, states[m], data, spec, m) for m in range(M)]
-        summaries = [ex.submit(summarize_task, algo, s) for s in states]
-        total = tree(ex, summaries, _combine, algo)
+        states, total = advance_stage(ex, algo, states, data, spec)
         out = ex.submit(decide_task, algo, total, gref, M)
+        del total  # the summaries are released once decided (they would stay in memory through the next stage)
         decision = ex.first(out, 0)
         gref = ex.first(out, 1)  # the next stage reads it where it was made, not from the client
         gstate = ex.result(gref)
@@ -414,8 +422,7 @@ def _partial_stage(ex, algo, states, gref, data, spec, M, rows: int):
     from dataclasses import replace
 
     sp = replace(spec, max_rows=rows)
-    new = [ex.submit_pinned(m, advance_task, algo, states[m], data, sp, m) for m in range(M)]
-    total = tree(ex, [ex.submit(summarize_task, algo, s) for s in new], _combine, algo)
+    new, total = advance_stage(ex, algo, states, data, sp)
     out = ex.submit(decide_task, algo, total, gref, M)
     g = ex.first(out, 1)
     return new, ex.first(out, 0), g, ex.result(g), ex.result(ex.first(out, 2)), rows

@@ -1,12 +1,14 @@
 """Memory a training worker needs, and a clear refusal before (or after) a worker runs out of its limit.
 
-Estimate per worker, with its share of the paths: each path's state twice (the state a task receives and the
-task's private copy: tasks are pure), the global state, the stage-end merge of two paths' summaries, the block
-cache budget and a process baseline (a Dask worker with NumPy, numba and the kernels loaded: ~0.3 GB measured).
-At 16.6M features: stsgd 2.18 GB (measured peak 2.17 GB), tg 1.10 GB (measured 1.08 GB). State sizes are linear in the width; they
-are measured from the algorithm's own ``init_path``/``init_global`` at two small widths and extrapolated, so
-nothing of the real width is allocated. At webspam width (16,609,143 features) stsgd's path state is 599 MB and
-tg's 266 MB (benchmarks/memory.py lists every array).
+Estimate per worker, with its share of the paths: each path's state and the task's working copy of it (tasks are
+pure: they advance a private copy, :meth:`Algorithm.working_state` of it), the global state, the stage-end merge of
+two paths' summaries, the block cache budget and a process baseline (a Dask worker with NumPy, numba and the kernels
+loaded: ~0.3 GB measured). State sizes are linear in the width; they are measured from the algorithm's own
+``init_path``/``working_state``/``init_global`` at two small widths and extrapolated, so nothing of the real width is
+allocated. At webspam width (16,609,143 features) tg's path state is 266 MB (twice: 1.10 GB per worker, measured
+1.08 GB); stsgd keeps 2 MB between stages (its settled state, ``STSGD.settle``: Ω as bits, the non-zero weights) and
+works on 599 MB during a stage: 1.25 GB per worker, measured 1.16 GB (benchmarks/memory.py lists every array and
+``--train`` samples a real run).
 """
 from __future__ import annotations
 
@@ -21,27 +23,33 @@ class WorkerMemoryError(MemoryError):
     """Training does not fit in the workers' ``memory_limit``; the message names what would fit."""
 
 
-def _state_bytes(algo, p: int) -> tuple[int, int]:
-    path = sum(np.asarray(v).nbytes for v in algo.init_path(p, 0).values())
-    glob = sum(np.asarray(v).nbytes for v in algo.init_global(p).values())
-    return path, glob
+def _nbytes(state: dict) -> int:
+    return sum(np.asarray(v).nbytes for v in state.values())
 
 
-def state_bytes(algo, n_features: int) -> tuple[int, int]:
-    """(path state, global state) bytes of ``algo`` at ``n_features``: linear fit through widths 1,000 and 2,000."""
-    (p1, g1), (p2, g2) = _state_bytes(algo, 1000), _state_bytes(algo, 2000)
-    at = lambda a, b: max(0, int(a + (b - a) * (n_features - 1000) / 1000))  # noqa: E731
-    return at(p1, p2), at(g1, g2)
+def _state_bytes(algo, p: int) -> tuple[int, int, int]:
+    from pipeline.algorithms.base import copy_state
+
+    path = algo.init_path(p, 0)
+    return _nbytes(path), _nbytes(algo.working_state(copy_state(path))), _nbytes(algo.init_global(p))
+
+
+def state_bytes(algo, n_features: int) -> tuple[int, int, int]:
+    """(path state, a stage's working state, global state) bytes of ``algo`` at ``n_features``: linear fit through
+    widths 1,000 and 2,000. The working state is the task's private copy (the path state's size, unless the
+    algorithm expands a compact state: :meth:`Algorithm.working_state`)."""
+    one, two = _state_bytes(algo, 1000), _state_bytes(algo, 2000)
+    return tuple(max(0, int(a + (b - a) * (n_features - 1000) / 1000)) for a, b in zip(one, two))
 
 
 def worker_need(algo, n_features: int, paths_per_worker: int, cache_bytes: int = 0) -> dict:
-    """Bytes one worker needs: ``paths_per_worker`` x 2 path states + global + the stage-end merge
+    """Bytes one worker needs: ``paths_per_worker`` x (path state + working state) + global + the stage-end merge
     (``algo.exchange_bytes_per_feature``) + cache + process baseline."""
-    path, glob = state_bytes(algo, n_features)
+    path, work, glob = state_bytes(algo, n_features)
     exchange = algo.exchange_bytes_per_feature * n_features
-    total = 2 * path * paths_per_worker + glob + exchange + int(cache_bytes) + PROCESS_BASELINE
-    return {"total": total, "path": path, "global": glob, "exchange": exchange, "cache": int(cache_bytes),
-            "paths": paths_per_worker}
+    total = (path + work) * paths_per_worker + glob + exchange + int(cache_bytes) + PROCESS_BASELINE
+    return {"total": total, "path": path, "work": work, "global": glob, "exchange": exchange,
+            "cache": int(cache_bytes), "paths": paths_per_worker}
 
 
 def _gb(b: float) -> str:
@@ -51,7 +59,7 @@ def _gb(b: float) -> str:
 def message(algo, n_features: int, need: dict, limit: int, n_workers: int, cause: str) -> str:
     """The one-line explanation: algorithm, width, the estimate and its parts, the limit, what would fit."""
     fit = max(0, (limit - PROCESS_BASELINE - need["global"] - need["exchange"] - need["cache"])
-              // max(1, 2 * need["path"]))
+              // max(1, need["path"] + need["work"]))
     advice = (f"start the workers with memory_limit >= {_gb(need['total'] * 1.1)} (Dask's worker memory_limit; "
               f"`--workers N` gives each of N workers 1/N of this machine's memory)")
     if need["paths"] > 1 and fit >= 1:
@@ -59,7 +67,7 @@ def message(algo, n_features: int, need: dict, limit: int, n_workers: int, cause
     elif n_workers > 1:
         advice = "use fewer --workers (each gets a larger share of memory), or " + advice
     return (f"--algo {algo.name} at {n_features:,} features needs about {_gb(need['total'])} per worker "
-            f"({need['paths']} path(s) x 2 states of {_gb(need['path'])}, global {_gb(need['global'])}, "
+            f"({need['paths']} path(s) x (state {_gb(need['path'])} + working copy {_gb(need['work'])}), global {_gb(need['global'])}, "
             f"stage-end merge {_gb(need['exchange'])}, block cache {_gb(need['cache'])}, "
             f"process {_gb(PROCESS_BASELINE)}); {cause} "
             + (f"memory_limit is {_gb(limit)}: " if limit else "memory_limit is not set (the machine ran out): ")

@@ -76,8 +76,10 @@ def test_two_passes_saved_and_resumed_for_three_equals_five(extra, store, tmp_pa
                   stage_blocks=sb)
     assert resumed.meta["provenance"]["resumed"] and resumed.meta["passes"] == 5
     assert same(full, resumed)
-    for k in ("ctrl", "istate", "rec", "ratios", "acc", "fstate"):
-        assert np.array_equal(full.states[1][k], resumed.states[1][k])
+    # the whole settled state (w_idx, w_val, alive, width, istate, fstate, acc, ctrl, ...; STSGD.settle)
+    assert set(full.states[1]) == set(resumed.states[1]) >= {"w_idx", "w_val", "alive", "istate", "acc", "ctrl"}
+    for k in full.states[1]:
+        assert np.array_equal(full.states[1][k], resumed.states[1][k]), k
     for k in ("beta", "g0", "K", "n_alive", "carry_idx"):
         assert np.array_equal(np.asarray(full.gstate[k]), np.asarray(resumed.gstate[k]))
 
@@ -141,3 +143,40 @@ def test_default_stage_is_one_pass():
     from pipeline.algorithms.stsgd import STSGDParams
 
     assert STSGDParams().n_K == 0
+
+
+def test_settled_state_round_trips_and_apply_equals_the_full_record_purge():
+    """STSGD.settle / working_state: the compact state a path keeps between stages rebuilds the same record
+    (w, Ω; zero counters), and ``apply`` on it equals the previous form (a full record with a pending purge, as
+    models saved before the compact state hold it) settled, so such models still resume."""
+    from pipeline.algorithms.base import copy_state
+    from pipeline.kernels import stsgd as KS
+
+    algo = STSGD(STSGD.Params())
+    p = 1000
+    rng = np.random.default_rng(0)
+    full = algo.working_state(copy_state(algo.init_path(p, 1)))
+    rec, irec = full["rec"], KS.int_view(full["rec"])
+    nz = rng.choice(p, 200, replace=False)
+    rec[nz, KS.R_W] = rng.normal(size=200)
+    dead = rng.choice(p, 300, replace=False)
+    KS.purge_features(rec, dead)
+    irec[:, KS.RI_EVID:KS.RI_UPD + 1] = rng.integers(0, 5, (p, 3))  # a stage's counters: not state
+    settled = algo.settle(full)
+    assert sum(v.nbytes for v in settled.values()) < 8 * p  # no per-feature array but the bits and non-zeros
+    back = algo.working_state(copy_state(settled))
+    v, ref = STSGD.views(back), KS.views(full)
+    assert np.array_equal(v["w"], ref["w"]) and np.array_equal(v["alive"], ref["alive"])
+    assert not v["cnt_evid"].any() and not v["cnt_upd"].any() and not v["w_start"].any()
+    # apply (packed purge bits) == the full record with the purge pending, settled
+    more = rng.choice(np.flatnonzero(ref["alive"]), 50, replace=False)
+    bits = np.zeros(p, dtype=bool)
+    bits[more] = True
+    dec = {"purged": np.packbits(bits), "ctrl": np.arange(4.0)}
+    new = algo.apply(settled, dec)
+    old_form = {**full, "purge": np.sort(more).astype(np.int64), "ctrl": dec["ctrl"]}
+    for k, x in algo.settle(old_form).items():
+        if k != "stage_pass":
+            assert np.array_equal(new[k], x), k
+    assert not STSGD.views(new)["alive"][more].any() and not STSGD.views(new)["w"][more].any()
+    assert np.array_equal(STSGD.views(old_form)["alive"], STSGD.views(new)["alive"])

@@ -5,9 +5,12 @@ as 1-element arrays) so it can be copied, shipped to workers and saved without p
 unit between cross-path reductions: one pass for parameter mixing (``path_mode = "split"``: paths split the
 blocks), or an algorithm-defined length (``path_mode = "full"``: every path reads every block).
 
-Stage end, for every algorithm::
+A stage, for every algorithm::
 
-    summary_m = summarize(state_m)                  on the path's worker
+    state_m   = working_state(copy of state_m)      on the path's worker, one task: ...
+    advance(state_m, block), ...; end_stage(state_m)
+    summary_m = summarize(state_m)
+    state_m   = settle(state_m)                     ... (state_m, summary_m)
     total     = combine(combine(s_0, s_1), ...)     fixed pairwise tree over paths (deterministic)
     decision, gstate, diag = decide(total, gstate)  one task
     state_m   = apply(state_m, decision)            on the path's worker
@@ -86,6 +89,17 @@ class Algorithm:
         return out
 
     feature_keys: tuple = ()
+
+    def working_state(self, state: dict) -> dict:
+        """The arrays a stage advances, made at the start of the stage's task from the task's private copy of
+        the state it received (default: that copy). With :meth:`settle` an algorithm keeps a compact state
+        between stages and expands it here, for the task's duration only."""
+        return state
+
+    def settle(self, state: dict) -> dict:
+        """The state kept between stages, made from the stage's advanced state after :meth:`summarize` (default:
+        itself): what :meth:`apply` receives, the next stage starts from, and the model file saves."""
+        return state
 
     def advance(self, state: dict, indptr, indices, data, y, rows, start: int, pass_index: int):
         """Advance ``state`` in place over ``rows[start:]`` of one block; return (rows consumed, stage done)."""

@@ -14,16 +14,19 @@ engine's ``stage_blocks`` blocks (``--stage-blocks``), the end of a pass, or the
 boundary rule makes stages identical whether training runs 5 passes at once or 2 + 3 (resume): the
 engine always ends the last stage at the pass boundary, so every run must. A stage that ends inside a
 burst (pass end, stage_blocks, end of training) closes that burst early with its actual counts
-(informative amount g0·k̃_j; uniform g0·updates) in :meth:`end_stage`, on the engine's private copy. ``apply``
-returns a new dict that shares the record, holds the purge list (``purge``) and marks the stage start
-(``stage_pass`` = −1), where the next :meth:`advance` (on its private copy) purges, zeroes the stage counters
-and resets the kernel's stage burst count and ratio fill: a stage end copies no per-feature array.
+(informative amount g0·k̃_j; uniform g0·updates) in :meth:`end_stage`, on the engine's working copy.
 
-State. Per path: the kernel arrays of ``new_path_state`` — ``rec`` float64[p, 4], one 32-byte record per
-feature holding w, w_start and the int32 k̃ (−1 = purged, so the stable set Ω is ``k̃ ≥ 0``), c, b, κ, so a
-non-zero costs one cache line (:meth:`STSGD.views` gives column views and ``alive``) — plus ``touched``,
-``istate``, ``fstate``, ``ratios``, ``ctrl`` = [g0, β, K, stage-1 quantile mode] and ``stage_pass``. ``ctrl`` is
-identical on all paths after ``apply`` (shared key, saved once); Ω is too, but it lives in each path's record.
+State. Between stages (what ``apply`` receives and returns, what the next stage's task receives, what the model
+saves) a path keeps a compact, settled state (:meth:`STSGD.settle`): its non-zero weights (``w_idx``, ``w_val``),
+the stable set Ω as packed bits (``alive``, p/8 bytes), ``width``, ``istate``, ``fstate``, ``acc``, ``ctrl`` =
+[g0, β, K, stage-1 quantile mode] and ``stage_pass``; 2 MB at webspam width. A stage's task expands it
+(:meth:`working_state`) into the kernel arrays of ``new_path_state`` — ``rec`` float64[p, 4], one 32-byte record
+per feature holding w, w_start and the int32 k̃ (−1 = purged, so Ω is ``k̃ ≥ 0``), c, b, κ, so a non-zero costs
+one cache line (:meth:`STSGD.views` gives column views and ``alive``) — plus ``touched`` and ``ratios``, and
+settles it again after the stage's summary: the 599 MB of working arrays (at 16.6M features) live only inside
+the task, once per path, and the stage's input is 2 MB instead of a second record. ``apply`` removes the purged
+features from Ω and from the weights (ST-8) and marks the stage start (``stage_pass`` = −1). ``ctrl`` is
+identical on all paths after ``apply`` (shared key, saved once); Ω is too, but it lives in each path's state.
 Global (gstate, saved with the model): stage count, |Ω|, β, g0, K, the carried counters of (ST-11), the
 previous w̄ (sparse) for the stopping rule, and the ``done`` flag.
 """
@@ -168,9 +171,12 @@ class STSGD(Algorithm):
     Params = STSGDParams
     shared_keys = ("ctrl",)
     feature_keys = ()  # rec is padded along axis 0 by resize below
-    # two paths' summaries of ~all features touched in stage 1 (20 bytes each) and the decision's temporaries:
-    # measured 2.17 GB peak against a 1.52 GB state estimate at 16.6M features
-    exchange_bytes_per_feature = 40
+    # what comes on top of the stage's working state at a worker's peak. The stage-end merge no longer meets the
+    # working state (settled and freed inside the advance task): two summaries of ~all features touched in stage 1
+    # (6 bytes each at the defaults, 8 beyond 255 bursts a stage), their union and merge positions, ≤ 32 bytes per
+    # feature; the peak is in the stage, with the decoded blocks of a shuffle window. 35k rows x 16.6M features, 2
+    # workers, cache off: measured 1.16 GB against this estimate's 1.25 GB (benchmarks/memory.py --train)
+    exchange_bytes_per_feature = 20
 
     def __init__(self, params):
         super().__init__(params)
@@ -217,44 +223,85 @@ class STSGD(Algorithm):
         return KS.ADA_ALL if p.adagrad else KS.ADA_BIAS if p.bias_adagrad else KS.ADA_OFF
 
     def init_path(self, n_features, path):
-        s = KS.new_path_state(n_features, ratio_capacity=self.params.ratio_capacity, seed=1 + path,
-                              adagrad=self.params.adagrad)
+        s = KS.new_path_state(n_features, ratio_capacity=1, seed=1 + path, adagrad=self.params.adagrad)
         s["ctrl"] = self._initial_ctrl()
         s["stage_pass"] = np.array([-1], dtype=np.int64)
-        s["purge"] = np.zeros(0, dtype=np.int64)  # ids purged by the last apply, applied at the next stage start
-        return s
+        return self.settle(s)
 
     def resize(self, state, n_features):
-        old = state["rec"].shape[0]
-        out = super().resize(state, n_features)
+        state = self.settle(state) if "rec" in state else dict(state)
+        old = int(state["width"][0])
         if n_features > old:  # new columns enter the stable set (k̃ = 0), with w = 0 and zero counters
-            out["touched"] = np.zeros(n_features, dtype=state["touched"].dtype)
-            out["rec"] = np.pad(state["rec"], [(0, n_features - old), (0, 0)])
+            alive = np.unpackbits(state["alive"], count=old).view(np.bool_)
+            state["alive"] = np.packbits(np.concatenate([alive, np.ones(n_features - old, dtype=np.bool_)]))
+            state["width"] = np.array([n_features], dtype=np.int64)
             if state["acc"].shape[0] > 1:
-                out["acc"] = np.pad(state["acc"], (0, n_features - old))
+                state["acc"] = np.pad(state["acc"], (0, n_features - old))
+        return state
+
+    @staticmethod
+    def settle(state):
+        """The compact state a path keeps between stages (and saves): its non-zero weights ``w_idx`` (int64) /
+        ``w_val`` (float64), the stable set Ω as packed bits ``alive`` (uint8[⌈p/8⌉], ``np.packbits``), ``width``
+        and the small arrays (istate, fstate, acc, ctrl, stage_pass, cursor). At a stage end nothing else of the
+        record is state: w_start is 0 after :func:`pipeline.kernels.stsgd.stsgd_flush` (uniform truncation) or
+        rewritten at a feature's first touch in a burst (the other modes), k̃ is 0 on Ω, the counters c, b, κ
+        and the ratio buffer are the stage's (summarized, zeroed at the next stage start) and ``touched`` is
+        empty; :meth:`working_state` rebuilds the same record, so training is bit-identical. A full state
+        (``rec``, as saved before the compact form, with a pending ``purge``) is settled with that purge."""
+        rec = state["rec"]
+        v = KS.views(state)
+        alive = v["alive"]
+        purge = state.get("purge", ())
+        if len(purge):
+            alive[np.asarray(purge, dtype=np.int64)] = False
+        idx = np.flatnonzero(v["w"])
+        idx = idx[alive[idx]].astype(np.int64)
+        out = {k: x for k, x in state.items() if k not in ("rec", "touched", "ratios", "purge")}
+        out.update(w_idx=idx, w_val=v["w"][idx], alive=np.packbits(alive),
+                   width=np.array([rec.shape[0]], dtype=np.int64))
+        return out
+
+    @staticmethod
+    def _expand(state, ratio_capacity):
+        """The kernel arrays of a settled state (a new dict; ``state``'s arrays are shared, not modified)."""
+        if "rec" in state:
+            state = STSGD.settle(state)
+        p = int(state["width"][0])
+        work = KS.new_path_state(p, ratio_capacity=ratio_capacity)  # c = b = κ = 0, w_start = 0, k̃ = 0
+        rec = work["rec"]
+        rec[state["w_idx"], KS.R_W] = state["w_val"]
+        np.subtract(np.unpackbits(state["alive"], count=p), 1, out=KS.int_view(rec)[:, KS.RI_KT],
+                    dtype=np.int32)  # k̃ = −1 off Ω (ST-8)
+        out = {k: x for k, x in state.items() if k not in ("w_idx", "w_val", "alive", "width")}
+        out.update(rec=rec, touched=work["touched"], ratios=work["ratios"])
+        return out
+
+    def working_state(self, state):
+        """The stage's record (w, Ω, zero counters), ``touched`` and ratio buffer from the settled ``state`` (the
+        engine's private copy); the kernel's stage burst count and ratio fill are reset."""
+        out = self._expand(state, self.params.ratio_capacity)
+        KS.reset_stage(out["istate"])
         return out
 
     @staticmethod
     def views(state):
         """Column views of a path state's record: w, w_start, kt, the stage counters c, b, κ, and ``alive``
-        (a bool copy; see :func:`pipeline.kernels.stsgd.views`); of a settled copy when ``apply`` left a purge
-        pending."""
-        purge = state.get("purge", ())
-        if len(purge):
-            state = {"rec": state["rec"].copy()}
-            KS.purge_features(state["rec"], purge)
+        (a bool copy; see :func:`pipeline.kernels.stsgd.views`); of an expanded copy for a settled state."""
+        if "rec" not in state or len(state.get("purge", ())):
+            state = STSGD._expand(state, 1)
         return KS.views(state)
 
     def warm_start(self, state, w, bias):
-        n = min(len(w), state["rec"].shape[0])
-        state["rec"][:n, KS.R_W] = w[:n]
+        n = min(len(w), int(state["width"][0]))
+        idx = np.flatnonzero(w[:n]).astype(np.int64)
+        state["w_idx"], state["w_val"] = idx, np.asarray(w, dtype=np.float64)[idx]
         state["fstate"][KS.F_BIAS] = bias
         return state
 
     def advance(self, state, indptr, indices, data, y, rows, start, pass_index):
         sp = state["stage_pass"]
-        if sp[0] < 0:  # first call of a stage (state is the engine's private copy): start the stage
-            self._start_stage(state)
+        if sp[0] < 0:  # first call of the stage (on the working state)
             sp[0] = pass_index
         elif sp[0] != pass_index:
             return 0, True  # stages end at pass boundaries (see module docstring)
@@ -269,19 +316,10 @@ class STSGD(Algorithm):
         done = p.n_K > 0 and state["istate"][KS.I_STAGE_BURSTS] >= p.n_K
         return int(consumed), bool(done)
 
-    @staticmethod
-    def _start_stage(state):
-        """On the engine's private copy: the purge that ``apply`` left pending (ST-8), zero stage counters,
-        and the kernel's stage burst count and ratio fill."""
-        KS.purge_features(state["rec"], state.get("purge", ()))
-        state["purge"] = np.zeros(0, dtype=np.int64)
-        KS.reset_stage(state["istate"], state["rec"])
-
     def end_stage(self, state):
         """Close a burst left open by a stage that ended inside it (pass end, stage_blocks, end of training);
         a stage that read no row at all (the engine's last stage at the end of the passes) reports zeros."""
         if state["stage_pass"][0] < 0:
-            self._start_stage(state)
             return
         c = state["ctrl"]
         rec = state["rec"]
@@ -295,7 +333,9 @@ class STSGD(Algorithm):
     def summarize(self, state):
         ist = state["istate"]
         v = self.views(state)
-        cnt = R.sparse_counters(v["cnt_evid"], v["cnt_surv"], v["cnt_upd"])
+        p = self.params  # κ only where the decision reads it: carried counters (ST-11) or the paper's ratio
+        cnt = R.sparse_counters(v["cnt_evid"], v["cnt_surv"],
+                                v["cnt_upd"] if p.delta_K > 0 or p.ratio == "paper" else None)
         widx, wval = R.sparse_weights(v["w"])
         return {"cnt": cnt, "ratios": state["ratios"][: int(ist[KS.I_NRATIOS])].copy(),
                 "w": (widx, wval), "bias": state["fstate"][KS.F_BIAS:KS.F_BIAS + 1].copy(),
@@ -338,7 +378,7 @@ class STSGD(Algorithm):
         # (ST-6)/(ST-11) selection probabilities of the stage's touched features (all alive during the stage)
         idx, prob, new_carry = R.carried_selection_probability(carry, cnt, p.delta_K, p.ratio)
         if p.stability and p.pi0 > 0:
-            purged = np.sort(idx[prob < p.pi0]).astype(np.int64)  # (ST-7); stage features are alive
+            purged = idx[prob < p.pi0]  # (ST-7); stage features are alive; idx is strictly increasing
         else:
             purged = np.zeros(0, dtype=np.int64)
         if purged.size and new_carry[0].size:
@@ -390,7 +430,9 @@ class STSGD(Algorithm):
                 "carry_idx": new_carry[0], "carry_evid": new_carry[1], "carry_surv": new_carry[2],
                 "carry_upd": new_carry[3], "wprev_idx": widx, "wprev_val": wbar, "wprev_set": np.array(True),
                 "done": np.array(done)}
-        decision = {"w_idx": widx, "w_val": wbar, "bias": bias, "purged": purged, "ctrl": ctrl,
+        purged_bits = np.zeros(nf, dtype=np.bool_)
+        purged_bits[purged] = True
+        decision = {"w_idx": widx, "w_val": wbar, "bias": bias, "purged": np.packbits(purged_bits), "ctrl": ctrl,
                     "n_features": nf}
         nnz = int(widx.shape[0])
         diag = {"nnz": nnz, "density": nnz / max(1, nf), "stable": n_alive, "purged": int(purged.size), "d": d,
@@ -400,12 +442,17 @@ class STSGD(Algorithm):
         return decision, gnew, diag
 
     def apply(self, state, decision):
-        """A new state dict that shares the record: the purge (ST-8) and the zeroing of the stage counters are
-        left to the next stage's start (:meth:`_start_stage`, on the engine's private copy), so a stage end
-        copies no per-feature array (at webspam width the record is 531 MB per path). ``stage_pass`` = −1
-        marks the stage start; :meth:`views` shows the state with the pending purge applied."""
+        """(ST-8) on the settled state: the decision's purged features (``purged``, packed bits like ``alive``)
+        leave Ω and their weights are dropped; the shared ``ctrl`` is the decision's; ``stage_pass`` = −1 marks
+        the stage start. A new dict; nothing per-feature is copied but the packed Ω (p/8 bytes)."""
         out = dict(state)
-        out["purge"] = np.asarray(decision["purged"], dtype=np.int64)
+        alive = state["alive"]
+        purged = np.asarray(decision["purged"], dtype=np.uint8)[:alive.shape[0]]
+        purged = np.pad(purged, (0, alive.shape[0] - purged.shape[0]))
+        out["alive"] = alive & ~purged
+        idx = state["w_idx"]
+        keep = ((purged[idx >> 3] >> (7 - (idx & 7)).astype(np.uint8)) & 1) == 0
+        out["w_idx"], out["w_val"] = idx[keep], state["w_val"][keep]
         out["ctrl"] = decision["ctrl"]
         out["stage_pass"] = np.array([-1], dtype=np.int64)
         return out

@@ -5,7 +5,8 @@ The kernel (pipeline.kernels.stsgd) leaves per-path dense counters ``cnt_evid`` 
 (b), ``cnt_upd`` (κ) and a ratio buffer. Between paths everything travels SPARSELY:
 
 * :func:`sparse_counters` turns one path's dense counters into a :data:`Sparse` tuple
-  ``(idx, evid, surv, upd)`` of touched features only (idx int64, strictly increasing);
+  ``(idx, evid, surv, upd)`` of touched features only (idx int32 below 2^31 features, strictly increasing;
+  counts in the smallest unsigned dtype that holds them);
 * :func:`merge_sparse` sums two such tuples (any number of value arrays, same layout), result
   sorted by feature id; :func:`tree_merge` reduces a list pairwise in a fixed balanced tree whose
   shape depends only on the list length, so the result is a function of the inputs' order only
@@ -31,16 +32,38 @@ from pipeline.kernels.sparse_sets import union_positions
 # sparse counter exchange
 
 
-def sparse_counters(cnt_evid, cnt_surv, cnt_upd):
-    """Touched features of one path's stage counters: ``(idx, evid, surv, upd)``.
+def sparse_counters(cnt_evid, cnt_surv, cnt_upd=None, chunk: int = 1 << 20):
+    """Touched features of one path's stage counters: ``(idx, evid, surv, upd)``, or ``(idx, evid, surv)`` without
+    ``cnt_upd`` (the stage end needs κ only for carried counters or the paper's ratio).
 
-    A feature is touched in the stage iff it had evidence in some burst (c_j > 0, equivalently
-    κ_j > 0). idx is int64 and strictly increasing; values are copies in the counters' dtype (int32 from
-    the kernel: 20 bytes per touched feature travel, and :func:`merge_sparse` widens a sum that would overflow).
+    A feature is touched in the stage iff it had evidence in some burst (c_j > 0, equivalently κ_j > 0). idx is
+    strictly increasing, int32 when the width is below 2^31 (the store's indices are int32) else int64; each value
+    array is in the smallest unsigned dtype that holds its largest count (:func:`count_dtype`: c and b count the
+    stage's bursts, uint8 below 256 bursts), so a touched feature travels in 6 bytes at the defaults instead of 20
+    (int64 id, three int32). Built ``chunk`` features at a time: no temporary beyond the result. Integer values are
+    exact in any dtype, so the decisions are unchanged; :func:`merge_sparse` widens a sum that would overflow.
     """
-    cnt_evid = np.asarray(cnt_evid)
-    idx = np.flatnonzero(cnt_evid).astype(np.int64)
-    return (idx, cnt_evid[idx], np.asarray(cnt_surv)[idx], np.asarray(cnt_upd)[idx])
+    cols = [np.asarray(c) for c in (cnt_evid, cnt_surv, cnt_upd) if c is not None]
+    p = cols[0].shape[0]
+    n = int(np.count_nonzero(cols[0]))
+    idx = np.empty(n, dtype=np.int32 if p < 2 ** 31 else np.int64)
+    vals = [np.empty(n, dtype=count_dtype(c)) for c in cols]
+    k = 0
+    for lo in range(0, p, chunk):
+        part = np.flatnonzero(cols[0][lo:lo + chunk])
+        idx[k:k + part.size] = part + lo
+        for v, c in zip(vals, cols):
+            v[k:k + part.size] = c[lo:lo + chunk][part]
+        k += part.size
+    return (idx, *vals)
+
+
+def count_dtype(counts) -> np.dtype:
+    """The smallest unsigned integer dtype holding every value of ``counts`` (non-negative integers)."""
+    top = int(np.max(counts)) if np.size(counts) else 0
+    if top < 0:
+        raise ValueError("count_dtype: counts must be >= 0")
+    return np.min_scalar_type(top)
 
 
 def empty_sparse(n_values=3, dtype=np.int64):
@@ -56,17 +79,18 @@ def merge_sparse(a, b):
     """
     if len(a) != len(b):
         raise ValueError("merge_sparse: sets have different numbers of value arrays")
-    ia = np.asarray(a[0], dtype=np.int64)
-    ib = np.asarray(b[0], dtype=np.int64)
-    u, pa, pb = union_positions(ia, ib)  # O(|a| + |b|): both are sorted
+    ia, ib = np.asarray(a[0]), np.asarray(b[0])
+    it = np.result_type(ia.dtype, ib.dtype) if ia.dtype.kind == ib.dtype.kind == "i" else np.dtype(np.int64)
+    u, pa, pb = union_positions(ia.astype(it, copy=False), ib.astype(it, copy=False))  # O(|a| + |b|): sorted
     out = [u]
     for va, vb in zip(a[1:], b[1:]):
         va = np.asarray(va)
         vb = np.asarray(vb)
         dt = np.result_type(va.dtype, vb.dtype)
-        if dt.kind == "i" and va.size and vb.size and \
-                int(va.max()) + int(vb.max()) > np.iinfo(dt).max:  # counters summed over many paths
-            dt = np.dtype(np.int64)
+        if dt.kind in "iu" and va.size and vb.size:  # counters summed over paths: widen only as far as needed
+            top = int(va.max()) + int(vb.max())
+            if top > np.iinfo(dt).max:
+                dt = np.promote_types(dt, np.min_scalar_type(top))
         s = np.zeros(u.shape[0], dtype=dt)
         s[pa] = va
         s[pb] += vb  # idx unique within a set: plain fancy-index add is exact

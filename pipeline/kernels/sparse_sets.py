@@ -1,4 +1,4 @@
-"""Linear-time set operations on strictly increasing int64 feature ids (STSGD's sparse stage-end exchange).
+"""Linear-time set operations on strictly increasing integer feature ids (STSGD's sparse stage-end exchange).
 
 ``np.union1d``/``np.isin`` sort their inputs (O(n log n)); at webspam width a stage's touched set holds ~10^7
 features per path and the sorts dominated the stage end. The inputs here are already sorted, so a merge is a
@@ -11,11 +11,12 @@ import numpy as np
 
 
 def union_positions(ia, ib):
-    """Sorted union u of two strictly increasing id arrays, and the positions of ia and ib in u
-    (u[pa] == ia, u[pb] == ib); positions are int32 when they fit (half the transient memory of a merge)."""
+    """Sorted union u of two strictly increasing id arrays (of one integer dtype, which u keeps), and the positions
+    of ia and ib in u (u[pa] == ia, u[pb] == ib); positions are int32 when they fit (half the transient memory of a
+    merge)."""
     na, nb = ia.shape[0], ib.shape[0]
     pos = np.int32 if na + nb < 2 ** 31 else np.int64
-    u = np.empty(na + nb, dtype=np.int64)
+    u = np.empty(na + nb, dtype=ia.dtype)
     pa = np.empty(na, dtype=pos)
     pb = np.empty(nb, dtype=pos)
     k = _union_into(ia, ib, u, pa, pb)
