@@ -32,6 +32,11 @@ def train(
                                                                      "'auto' (default: a validated path) or a "
                                                                      "number; 0 refits with L2 only (fewer "
                                                                      "passes over the store)."),
+    refit_kkt: Optional[int] = typer.Option(None, "--refit-kkt", min=0, help="After an L1 refit, check its KKT "
+                                                                            "conditions on every column (a pass "
+                                                                            "over the full rows) and let up to N "
+                                                                            "rounds add violating columns to the "
+                                                                            "support (0: report only)."),
     refit_l2: Optional[float] = typer.Option(None, "--refit-l2", min=0.0, help="L2 penalty of the refit, on the "
                                                                                "mean loss (default 3e-3 / training rows: 1e-7 at 31k rows)."),
     refit_iters: Optional[int] = typer.Option(None, "--refit-iters", min=1, help="L-BFGS iterations of the "
@@ -82,7 +87,7 @@ def train(
                         stage_blocks=run.get("stage_blocks", 0), max_density=run.get("max_density"),
                         evaluate_every=run.get("evaluate_every", 1),
                         shuffle_window=run.get("shuffle_window", 4), progress=progress,
-                        refit=_refit_options(refit, refit_l2, refit_iters, refit_l1),
+                        refit=_refit_options(refit, refit_l2, refit_iters, refit_l1, refit_kkt),
                         blocks=_window(str(store), run.get("generations", 0)))
         bar.close()
         model.save(out)
@@ -129,14 +134,15 @@ def _window(store: str, last: int):
 
 
 _PRINTED = {"pass", "stage", "nnz", "density", "seconds", "elapsed", "holdout"}
-_REFIT_SUMMARY = ("l1", "l2", "loss", "iterations", "evaluations", "objective", "grad_norm", "converged", "seconds",
+_REFIT_SUMMARY = ("l1", "l2", "kkt", "loss", "iterations", "evaluations", "objective", "grad_norm", "converged", "seconds",
                   "holdout_before", "nnz_before")
 
 
-def _refit_options(on: bool, l2: float | None, iters: int | None, l1: str | None = None) -> dict | None:
+def _refit_options(on: bool, l2: float | None, iters: int | None, l1: str | None = None,
+                   kkt: int | None = None) -> dict | None:
     if not on:
-        if l2 is not None or iters is not None or l1 is not None:
-            fail("--refit-l1, --refit-l2 and --refit-iters need --refit", 2)
+        if l2 is not None or iters is not None or l1 is not None or kkt is not None:
+            fail("--refit-l1, --refit-l2, --refit-iters and --refit-kkt need --refit", 2)
         return None
     if l1 is not None:
         from pipeline.refit import parse_l1
@@ -145,7 +151,7 @@ def _refit_options(on: bool, l2: float | None, iters: int | None, l1: str | None
             l1 = parse_l1(l1)
         except ValueError as e:
             fail(f"--refit-l1: {e}", 2)
-    return {k: v for k, v in (("l2", l2), ("max_iter", iters), ("l1", l1)) if v is not None}
+    return {k: v for k, v in (("l2", l2), ("max_iter", iters), ("l1", l1), ("kkt_rounds", kkt)) if v is not None}
 
 
 def _write_record(path: Path, history: list) -> None:

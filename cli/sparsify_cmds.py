@@ -63,6 +63,9 @@ def refit(
                                                                    "3e-3 / training rows)."),
     iters: Optional[int] = typer.Option(None, "--iters", min=1, help="L-BFGS-B iterations of the final fit at "
                                                                       "most (default 100)."),
+    kkt: Optional[int] = typer.Option(None, "--kkt", min=0, help="After an L1 refit, check its KKT conditions on "
+                                                                 "every column (a pass over the full rows) and let "
+                                                                 "up to N rounds add violating columns (0: report)."),
     workers: Optional[int] = typer.Option(None, "--workers", min=1, help="Start a local cluster of N processes "
                                                                          "(default: threads in this process)."),
     scheduler: Optional[str] = typer.Option(None, "--scheduler", help="Join this Dask scheduler instead."),
@@ -80,7 +83,8 @@ def refit(
 
     try:
         options = {"l1": parse_l1(l1), **({"l2": l2} if l2 is not None else {}),
-                   **({"max_iter": iters} if iters is not None else {})}
+                   **({"max_iter": iters} if iters is not None else {}),
+                   **({"kkt_rounds": kkt} if kkt is not None else {})}
     except ValueError as e:
         fail(f"--l1: {e}", 2)
     try:

@@ -159,6 +159,38 @@ def test_l1_solve_equals_scikit_learn_l1_logistic_with_exact_zeros(small):
     assert (zeros == (np.abs(w_sk) < 1e-6)).mean() > 0.97  # the same support, up to saga's tolerance
 
 
+@pytest.mark.filterwarnings("ignore:.*penalty:FutureWarning", "ignore:Inconsistent values:UserWarning")
+def test_kkt_rounds_reach_the_l1_optimum_over_all_columns(small, client):
+    """From a support that misses columns of the L1 solution, the KKT check finds violators (report only: the
+    model is the restricted one) and the expansion rounds reach the optimum over every column: scikit-learn's on
+    the full width (the objective, the non-zeros), with no violator left."""
+    from sklearn.linear_model import LogisticRegression
+
+    store, model = small
+    l1 = 2e-3
+    narrow = Model(model.n_features, model.coef_indices[::3], model.coef_values[::3], model.bias, meta=model.meta)
+    kw = dict(l1=l1, l2=0.0, max_iter=3000, tol=1e-10)
+    only = refit(narrow, store, kkt_rounds=0, **kw)
+    plain = refit(narrow, store, **kw)
+    np.testing.assert_array_equal(only.coef_values, plain.coef_values)
+    assert only.meta["refit"]["kkt"]["violators"] > 0 and only.meta["refit"]["kkt"]["max_ratio"] > 1.1
+    full = refit(narrow, store, kkt_rounds=10, client=client, **kw)
+    info = full.meta["refit"]["kkt"]
+    assert info["rounds"] >= 1 and info["violators"] == 0 and info["max_ratio"] <= 1.0 + 1e-3
+    st = open_store(store)
+    blocks = list(st.blocks("train"))
+    X = sp.vstack([b.X for b in blocks]).tocsr().astype(np.float64)
+    y = np.concatenate([b.y for b in blocks])
+    sk = LogisticRegression(penalty="l1", solver="saga", C=1.0 / (y.size * l1), tol=1e-10, max_iter=100000).fit(X, y)
+
+    def objective(w, b):
+        return np.mean(np.logaddexp(0.0, -y * (X @ w + b))) + l1 * np.abs(w).sum()
+
+    ours, theirs = objective(full.dense_weights(), full.bias), objective(sk.coef_.ravel(), sk.intercept_[0])
+    assert ours <= theirs + 1e-7 and objective(plain.dense_weights(), plain.bias) > ours + 1e-4
+    assert set(np.flatnonzero(np.abs(sk.coef_.ravel()) > 1e-4)) <= set(full.coef_indices.tolist())
+
+
 def test_auto_l1_is_chosen_on_training_rows_only_and_keeps_a_subset_of_s(small):
     """The validated path: the chosen penalty is a path point, the path's validation losses come from training
     rows (never the holdout), the result is supported on S with exact zeros, and the split is seeded."""

@@ -110,3 +110,20 @@ def take_rows(cindptr, cidx, cval, rows):
             m += 1
         indptr[r + 1] = m
     return indptr, idx, val
+
+
+@numba.njit(cache=True, nogil=True)
+def full_gradient_block(indptr, indices, data, y, support, bits, w, bias, code, acc):
+    """Adds Σ_i ℓ'(f_i, y_i)·x_ij to acc[j] for every column j of the block (acc: float64[width], the full width),
+    with f_i = x_{i,S}·w + bias (w on the sorted ``support``, membership by the bitmap as in ``compact_block``).
+    The gradient outside S is what the KKT conditions of an L1 solve restricted to S are checked with."""
+    width = bits.shape[0] * 8
+    for i in range(indptr.shape[0] - 1):
+        f = bias
+        for k in range(indptr[i], indptr[i + 1]):
+            j = indices[k]
+            if j < width and (bits[j >> 3] >> (j & 7)) & 1:
+                f += w[_position(support, j)] * data[k]
+        d = dloss(f, y[i], code, False)
+        for k in range(indptr[i], indptr[i + 1]):
+            acc[indices[k]] += d * data[k]
