@@ -1,11 +1,13 @@
 """End to end at webspam scale, side by side with Vowpal Wabbit, whole commands (issue: webspam scale for real).
 
     python -m benchmarks.webspam [--rows 350000] [--workers 2] [--passes 3] [--algos tg,stsgd,ftrl]
-                                 [--extra "stsgd:--refit"] [--vw-l1 1e-6] [--work DIR] [--keep]
+                                 [--extra "stsgd:--refit"] [--refit "stsgd:--l1 0"] [--vw-l1 1e-6] [--work DIR]
+                                 [--keep]
 
 Steps, each a whole `sparsepipe` command in its own process (what a user waits for): synth (16,609,143
 features, ~3,700 non-zeros per row, the true weights saved beside the file) -> ingest -> verify -> train
-each algorithm with its defaults -> evaluate on the holdout blocks. Vowpal Wabbit (logistic, --l1, -b 24:
+each algorithm with its defaults -> evaluate on the holdout blocks (-> `sparsepipe refit` of a trained model with
+--refit ALGO:OPTIONS, each its own whole command). Vowpal Wabbit (logistic, --l1, -b 24:
 16.7M slots, so VW's numeric feature names map to their own slot and never collide) trains on exactly the
 training blocks' rows (their byte ranges of the same file, streamed through a FIFO): one text pass that
 writes its cache, then the cache passes; it predicts the same holdout rows. Reported per step: wall
@@ -179,6 +181,24 @@ def truth_floor(store_path: str, truth: str) -> dict:
             "recall": 1.0, "precision": 1.0}
 
 
+def scored(name: str, out: Path, store: Path, tidx, fig: dict, steps: list) -> dict:
+    """Evaluate the model file ``out`` (a whole `sparsepipe evaluate`) against the holdout and the truth."""
+    from pipeline.model import load_model
+
+    ev, efig = command(["evaluate", str(out), str(store)])
+    steps.append({"step": f"evaluate {name}", **efig})
+    m = load_model(out)
+    row = {"model": name, "error": ev["error"], "auc": ev["auc"], "density": m.density,
+           **support_scores(m.dense_weights(), tidx), "train_wall_s": fig["wall_s"],
+           "train_peak_rss_gb": fig["peak_rss_gb"], "train_peak_uss_gb": fig["peak_uss_gb"]}
+    before = (m.meta.get("refit") or {}).get("holdout_before") or {}
+    if before:  # the sparse model before its refit: same support, its own weights
+        row.update({"error_before_refit": before.get("error"), "auc_before_refit": before.get("auc"),
+                    "refit_s": m.meta["refit"].get("seconds"), "refit_evaluations": m.meta["refit"].get("evaluations")})
+    print(json.dumps(row), flush=True)
+    return row
+
+
 def main(argv=None):
     if argv is None and len(sys.argv) == 3 and sys.argv[1] == "--feed":  # the VW input writer (see vw_run)
         spec = json.loads(Path(sys.argv[2]).read_text())
@@ -192,11 +212,13 @@ def main(argv=None):
     ap.add_argument("--algos", default="tg,stsgd,ftrl")
     ap.add_argument("--extra", action="append", default=[],
                     help="ALGO:OPTIONS, an extra run with these train options, e.g. 'stsgd:--refit'")
+    ap.add_argument("--refit", action="append", default=[],
+                    help="ALGO:OPTIONS, `sparsepipe refit` of ALGO's trained model with these options, e.g. "
+                         "'stsgd:--l1 0'")
     ap.add_argument("--vw-l1", type=float, nargs="*", default=[1e-6])
     ap.add_argument("--work", type=Path, default=None)
     ap.add_argument("--keep", action="store_true")
     a = ap.parse_args(argv)
-    from pipeline.model import load_model
     from pipeline.store.reader import open_store
 
     work = a.work or out_dir() / "webspam"
@@ -226,17 +248,14 @@ def main(argv=None):
             res, fig = command(["train", str(store), "--out", str(out), "--algo", algo, "--passes", str(a.passes),
                                 *W, *extra])
             steps.append({"step": f"train {name}", **fig, "kernel_nnz_per_s": res.get("nnz_per_s_kernel")})
-            ev, efig = command(["evaluate", str(out), str(store)])
-            steps.append({"step": f"evaluate {name}", **efig})
-            m = load_model(out)
-            models.append({"model": name, "error": ev["error"], "auc": ev["auc"], "density": m.density,
-                           **support_scores(m.dense_weights(), tidx), "train_wall_s": fig["wall_s"],
-                           "train_peak_rss_gb": fig["peak_rss_gb"], "train_peak_uss_gb": fig["peak_uss_gb"]})
-            before = (m.meta.get("refit") or {}).get("holdout_before") or {}
-            if before:  # the sparse model before its refit: same support, its own weights
-                models[-1].update({"error_before_refit": before.get("error"), "auc_before_refit": before.get("auc"),
-                                   "refit_s": m.meta["refit"].get("seconds")})
-            print(json.dumps(models[-1]), flush=True)
+            models.append(scored(name, out, store, tidx, fig, steps))
+        for spec in a.refit:
+            algo, _, opts = spec.partition(":")
+            name = f"{algo} + refit {opts}".strip()
+            out = work / f"{name.replace(' ', '_').replace('-', '').replace('+', '')}.npz"
+            _, fig = command(["refit", str(work / f"{algo}.npz"), str(store), "--out", str(out), *W, *opts.split()])
+            steps.append({"step": f"refit {name}", **fig})
+            models.append(scored(name, out, store, tidx, fig, steps))
         for l1 in a.vw_l1:
             t0 = time.perf_counter()
             models.append(vw(st, src, work, a.passes, l1, tidx))
