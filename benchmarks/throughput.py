@@ -11,7 +11,9 @@ costs what it costs at the full 350k rows: per non-zero figures carry over to fu
 1. tight loop: :func:`logistic_sgd`, a plain logistic SGD (constant step, plain bias, no truncation) in one
    numba loop in one process over the training blocks' CSR arrays (indptr int64, indices int32, data float32,
    labels), dense weights over the full width, float64 and float32; the blocks are decoded into memory once
-   first, so only the arithmetic and the memory traffic are timed: the physical limit of one core here;
+   first, so only the arithmetic and the memory traffic are timed: the physical limit of one core here (a
+   third variant prefetches w ahead in the scoring sweep, as TG's kernel does since this benchmark found
+   that the plain loops leave most of the memory parallelism unused);
 2. our kernel alone: TG with its default hyper-parameters (scale "data", resolved on the store) through
    ``Algorithm.advance`` exactly as the engine calls it, on the same in-memory blocks, in one process, rows
    in block order and (second figure) in the engine's order (shuffle window of 4 blocks, merged beforehand);
@@ -38,24 +40,38 @@ import numba
 import numpy as np
 
 from benchmarks.common import out_dir, report
+from pipeline.kernels.intrinsics import base, prefetch
 from pipeline.kernels.losses import LOGISTIC, dloss
-from pipeline.kernels.sgd import row_dot
+from pipeline.kernels.sgd import PREFETCH_DISTANCE, row_dot
 
 STORE = "/work/main/bench-out/learning/ws_35000_11.zarr"
 
 
 @numba.njit(nogil=True, cache=True)
-def logistic_sgd(indptr, indices, data, y, rows, w, bstate, eta):
+def logistic_sgd(indptr, indices, data, y, rows, w, bstate, eta, ahead=0):
     """Plain logistic SGD over the rows ``rows`` of one CSR block: per row f = w·x + b, d = ℓ'(f, y),
     w_j ← w_j − η·d·x_j on nz(x), b ← b − η·d (constant η; ``bstate`` = [b], float64[1]). ``w`` float64 or
-    float32 (the product w_j·x_j in w's type, the sum in float64). The reference the other figures are
-    compared with: two passes over the row's entries, one random access into w per entry and pass."""
+    float32, C-contiguous (the product w_j·x_j in w's type, the sum in float64). The reference the other
+    figures are compared with: two passes over the row's entries, one random access into w per entry and
+    pass. ``ahead`` > 0: the scoring sweep prefetches w of the entry that many positions ahead (as TG's kernel
+    does, pipeline.kernels.sgd.PREFETCH_DISTANCE); the arithmetic is the same."""
     b = bstate[0]
+    wp = base(w)
     for r in range(rows.shape[0]):
         i = rows[r]
         lo = indptr[i]
         hi = indptr[i + 1]
-        d = dloss(row_dot(w, indices, data, lo, hi) + b, y[i], LOGISTIC, False)
+        if ahead > 0:
+            for k in range(lo, min(lo + ahead, hi)):
+                prefetch(wp, indices[k])
+            acc = 0.0
+            for k in range(lo, hi):
+                if k + ahead < hi:
+                    prefetch(wp, indices[k + ahead])
+                acc += w[indices[k]] * data[k]
+        else:
+            acc = row_dot(w, indices, data, lo, hi)
+        d = dloss(acc + b, y[i], LOGISTIC, False)
         step = eta * d
         for k in range(lo, hi):
             w[indices[k]] -= step * data[k]
@@ -77,21 +93,23 @@ def load1() -> float:
 
 
 def tight(blocks, nnz: int, p: int, eta: float, reps: int) -> list[dict]:
-    """The tight loop over every training row in block order, float64 and float32 weights (best of ``reps``)."""
+    """The tight loop over every training row in block order: float64 and float32 weights, and float64 with the
+    prefetch TG's kernel uses (best of ``reps``)."""
     out = []
     small = blocks[0][0][:3]
-    for dt in (np.float64, np.float32):
+    for dt, ahead in ((np.float64, 0), (np.float32, 0), (np.float64, PREFETCH_DISTANCE)):
         w = np.zeros(p, dt)  # every page touched before timing
         b = np.zeros(1)
-        logistic_sgd(small, blocks[0][1], blocks[0][2], blocks[0][3], np.arange(2, dtype=np.int64), w, b, eta)
+        logistic_sgd(small, blocks[0][1], blocks[0][2], blocks[0][3], np.arange(2, dtype=np.int64), w, b, eta, ahead)
         times = []
         for _ in range(reps):
             t0 = time.perf_counter()
             for ip, ix, x, y in blocks:
-                logistic_sgd(ip, ix, x, y, np.arange(y.shape[0], dtype=np.int64), w, b, eta)
+                logistic_sgd(ip, ix, x, y, np.arange(y.shape[0], dtype=np.int64), w, b, eta, ahead)
             times.append(time.perf_counter() - t0)
         s = min(times)
-        out.append({"what": f"tight loop, w {np.dtype(dt).name}", "seconds": round(s, 3),
+        out.append({"what": f"tight loop, w {np.dtype(dt).name}" + (f", prefetch {ahead} ahead" if ahead else ""),
+                    "seconds": round(s, 3),
                     "runs_s": [round(t, 3) for t in times], "nnz_per_s_per_core": nnz / s,
                     "s_per_pass_per_bnnz_core": s / (nnz / 1e9), "load1": load1(),
                     "finite": bool(np.isfinite(w).all())})
@@ -239,7 +257,8 @@ def main(argv=None):
     def ratio(x, y):
         return round(x / y, 3) if x and y else None
 
-    tl, vw = get("tight loop, w float64"), get("vw ")
+    tl, vw = by.get("tight loop, w float64"), get("vw ")
+    tlp = get("tight loop, w float64, prefetch")
     ratios = {}
     for algo in a.algos.split(","):
         ours = get(f"sparsepipe train --algo {algo} ")
@@ -247,7 +266,9 @@ def main(argv=None):
         ratios[f"{algo} vs tight loop f64 per core (target >= 0.6)"] = ratio(ours, tl)
     ratios["tg kernel (block order) vs tight loop f64"] = ratio(get("tg kernel alone, block order"), tl)
     ratios["tg kernel (engine order) vs tight loop f64"] = ratio(get("tg kernel alone, engine order"), tl)
+    ratios["tg kernel (block order) vs tight loop f64 with prefetch"] = ratio(get("tg kernel alone, block order"), tlp)
     ratios["tight loop f32 vs f64"] = ratio(get("tight loop, w float32"), tl)
+    ratios["tight loop f64 with prefetch vs without"] = ratio(tlp, tl)
     for r in rows:
         r["M_nnz_per_s_per_core"] = round(r["nnz_per_s_per_core"] / 1e6, 2)
         r["s_per_pass_per_bnnz_core"] = round(r["s_per_pass_per_bnnz_core"], 2)

@@ -31,12 +31,12 @@ def data(seed=0, n=60, p=500, density=0.05):
     return X, y, rng.permutation(n).astype(np.int64)
 
 
-@pytest.mark.parametrize("seed", [0, 1, 2])
-def test_float64_equals_reference(seed):
+@pytest.mark.parametrize("seed,ahead", [(0, 0), (1, 0), (2, 0), (0, 4), (1, 1000)])
+def test_float64_equals_reference(seed, ahead):
     X, y, rows = data(seed)
     w, b = np.zeros(X.shape[1]), np.zeros(1)
     for _ in range(3):  # three passes: scores large enough to reach both branches of the stable loss
-        logistic_sgd(X.indptr, X.indices, X.data, y, rows, w, b, 0.5)
+        logistic_sgd(X.indptr, X.indices, X.data, y, rows, w, b, 0.5, ahead)
     wr, br = np.zeros(X.shape[1]), 0.0
     for _ in range(3):
         wr, br = ref_logistic_sgd(X, y, rows, wr, br, 0.5)
