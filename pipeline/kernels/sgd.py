@@ -349,12 +349,17 @@ def predict_block(indptr, indices, data, w, bias, out):
     """Scores f_i = bias + Σ_j w_j·x_ij (ALGORITHMS.md §0 "Prediction") for every row of a CSR block into out.
 
     Features with index j ≥ len(w) (a store wider than the model) contribute nothing. ``w`` must hold true
-    weights (after ``tg_flush``).
+    weights (after ``tg_flush``), C-contiguous (prefetched PREFETCH_DISTANCE entries ahead, as in the training
+    kernel; a hint past the end of ``w`` is harmless).
     """
     p = w.shape[0]
+    wp = base(w)
     for i in range(indptr.shape[0] - 1):
         acc = 0.0
-        for k in range(indptr[i], indptr[i + 1]):
+        hi = indptr[i + 1]
+        for k in range(indptr[i], hi):
+            if k + PREFETCH_DISTANCE < hi:
+                prefetch(wp, indices[k + PREFETCH_DISTANCE])
             j = indices[k]
             if j < p:
                 acc += w[j] * data[k]
