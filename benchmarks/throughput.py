@@ -282,6 +282,11 @@ def main(argv=None):
         ours = get(f"sparsepipe train --algo {algo} ")
         ratios[f"{algo} vs vw per core (target >= 3)"] = ratio(ours, vw)
         ratios[f"{algo} vs tight loop f64 per core (target >= 0.6)"] = ratio(ours, tl)
+        row = next((r for r in rows if r["what"].startswith(f"sparsepipe train --algo {algo} ")), None)
+        if row and row.get("stage_s_passes_2_3"):  # the same from the command's own pass 2/3 timings
+            staged = per_pass(nnz, row["stage_s_passes_2_3"], a.workers)["nnz_per_s_per_core"]
+            ratios[f"{algo} (passes 2-3 as timed by the command) vs vw per core"] = ratio(staged, vw)
+            ratios[f"{algo} (passes 2-3 as timed by the command) vs tight loop f64 per core"] = ratio(staged, tl)
     ratios["tg kernel (block order) vs tight loop f64"] = ratio(get("tg kernel alone, block order"), tl)
     ratios["tg kernel (engine order) vs tight loop f64"] = ratio(get("tg kernel alone, engine order"), tl)
     ratios["tg kernel (block order) vs tight loop f64 with prefetch"] = ratio(get("tg kernel alone, block order"), tlp)
