@@ -74,6 +74,18 @@ def liblinear(Xtr, ytr, Xho, yho, tidx, C: float) -> dict:
             **support_scores(w, tidx), "wall_s": round(time.perf_counter() - t0, 1)}
 
 
+def default_store(rows: int = 35000, seed: int = 11, workers: int = 2) -> tuple[str, str]:
+    """(store, truth file) of the webspam-like rows x 16.6M features under bench-out/learning, synthesised and
+    ingested on first use (the text beside the store: same name, .svm)."""
+    work = out_dir() / "learning"
+    work.mkdir(parents=True, exist_ok=True)
+    src = synth_file(work / f"ws_{rows}_{seed}.svm", rows, seed=seed)
+    store = str(work / f"ws_{rows}_{seed}.zarr")
+    if not Path(store).exists():
+        sparsepipe_cmd(["ingest", str(src), "--out", store, "--workers", str(workers)])
+    return store, str(src) + ".truth.npz"
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", type=int, default=35000)
@@ -88,13 +100,7 @@ def main(argv=None):
     a = ap.parse_args(argv)
     work = out_dir() / "learning"
     work.mkdir(parents=True, exist_ok=True)
-    if a.store:
-        store, truth = a.store, a.truth
-    else:
-        src = synth_file(work / f"ws_{a.rows}_{a.seed}.svm", a.rows, seed=a.seed)
-        store, truth = str(work / f"ws_{a.rows}_{a.seed}.zarr"), str(src) + ".truth.npz"
-        if not Path(store).exists():
-            sparsepipe_cmd(["ingest", str(src), "--out", store, "--workers", str(a.workers)])
+    store, truth = (a.store, a.truth) if a.store else default_store(a.rows, a.seed, a.workers)
     tidx, _ = load_truth(truth)
     Xho, yho = _matrix(store, "holdout")
     rows = []

@@ -19,6 +19,7 @@ BENCHMARKS = {
     "stsgd": [],
     "two_stage": [],
     "instability": [],
+    "throughput": [],
 }
 
 

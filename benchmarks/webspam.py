@@ -71,8 +71,9 @@ class PeakMemory:
         return {"peak_rss_gb": round(self.rss / 2**30, 2), "peak_uss_gb": round(self.uss / 2**30, 2)}
 
 
-def command(args: list[str], json_out: bool = True) -> tuple[dict, dict]:
-    """Run `sparsepipe ARGS` as its own process; returns (its --json output, wall/memory figures)."""
+def command(args: list[str], json_out: bool = True, events: bool = False) -> tuple[dict, dict]:
+    """Run `sparsepipe ARGS` as its own process; returns (its --json output, wall/memory figures); with
+    ``events`` the figures hold the JSON lines the command wrote on stderr (train: one per pass) as "events"."""
     exe = str(Path(sys.executable).with_name("sparsepipe"))
     t0 = time.perf_counter()
     p = subprocess.Popen([exe, *args, *(["--json"] if json_out else [])], stdout=subprocess.PIPE,
@@ -85,6 +86,8 @@ def command(args: list[str], json_out: bool = True) -> tuple[dict, dict]:
     warn = [ln for ln in err.splitlines() if "Warning" in ln or "warning" in ln]
     if warn:
         fig["warnings"] = warn[:5]
+    if events:
+        fig["events"] = [json.loads(ln) for ln in err.splitlines() if ln.startswith("{")]
     return (json.loads(out[out.index("{"):]) if json_out else {}), fig
 
 

@@ -47,14 +47,30 @@ def row_order(seed: int, pass_index: int, path: int, block: int, n_rows: int, wi
     return np.random.default_rng(key).permutation(n_rows).astype(np.int64)
 
 
-def merge_blocks(parts: list):
-    """Concatenate CSR blocks (indptr, indices, data, y) row-wise (the shuffle window's group)."""
+def merge_blocks(parts: list, bufs: dict | None = None):
+    """Concatenate CSR blocks (indptr, indices, data, y) row-wise (the shuffle window's group).
+
+    ``bufs`` (a dict the caller keeps for a stage): indices and data go into arrays kept there and reused by the
+    next group (grown when too small), valid until the next call with the same dict. Fresh arrays for every
+    group cost their page faults each time: concatenating a pass's groups of the 35k x 16.6M store took
+    0.24-0.32 s into fresh arrays, 0.06 s into reused ones."""
     if len(parts) == 1:
         return parts[0]
     offs = np.cumsum([0] + [p[0][-1] for p in parts[:-1]])
     indptr = np.concatenate([parts[0][0][:1]] + [p[0][1:] + o for p, o in zip(parts, offs)])
-    return (indptr, np.concatenate([p[1] for p in parts]), np.concatenate([p[2] for p in parts]),
-            np.concatenate([p[3] for p in parts]))
+    big = []
+    for k in (1, 2):
+        arrays = [p[k] for p in parts]
+        if bufs is None:
+            big.append(np.concatenate(arrays))
+            continue
+        n = sum(a.shape[0] for a in arrays)
+        dtype = np.result_type(*arrays)
+        buf = bufs.get(k)
+        if buf is None or buf.shape[0] < n or buf.dtype != dtype:
+            buf = bufs[k] = np.empty(n, dtype)
+        big.append(np.concatenate(arrays, out=buf[:n]))
+    return indptr, big[0], big[1], np.concatenate([p[3] for p in parts])
 
 
 # ------------------------------------------------------------------------------------- I/O
@@ -166,6 +182,7 @@ def advance_task(algo: Algorithm, state: dict, data: DataRef, spec: RunSpec, pat
     blocks_done = 0
     rows_done = 0
     W = max(1, spec.window)
+    bufs = {}  # the stage's merge buffers (merge_blocks), freed with the task
     while cur[0] < spec.end_pass:
         if spec.max_rows and rows_done >= spec.max_rows:
             break
@@ -180,7 +197,7 @@ def advance_task(algo: Algorithm, state: dict, data: DataRef, spec: RunSpec, pat
         group = order[cur[1] * W:(cur[1] + 1) * W]
         b = int(group[0])
         t1 = time.perf_counter()
-        indptr, indices, data_, y = merge_blocks([data.load(int(g)) for g in group])
+        indptr, indices, data_, y = merge_blocks([data.load(int(g)) for g in group], bufs)
         t2 = time.perf_counter()
         rows = row_order(spec.seed, int(cur[0]), path, b, y.shape[0], W)
         start = int(cur[2])

@@ -13,7 +13,7 @@ from pipeline.kernels.sgd import predict_block
 def scores(block, w: np.ndarray, bias: float) -> np.ndarray:
     """f = w·x + b for every row of a block; features the model has never seen (j >= len(w)) count 0."""
     out = np.empty(block.n_rows, dtype=np.float64)
-    predict_block(block.indptr, block.indices, block.data, np.asarray(w, dtype=np.float64), float(bias), out)
+    predict_block(block.indptr, block.indices, block.data, np.ascontiguousarray(w, dtype=np.float64), float(bias), out)
     return out
 
 

@@ -1,0 +1,306 @@
+"""Throughput at scale (issue 13 §2): seconds per pass per billion non-zeros, tight loop vs kernel vs command vs VW.
+
+    python -m benchmarks.throughput [--store S] [--src S.svm] [--workers 2] [--algos tg,stsgd] [--reps 2]
+                                    [--command-reps 1] [--skip tight,kernel,command,vw] [--vw-l1 1e-6] [--work DIR]
+
+Four measurements on the same training rows of one store (default: the learning benchmark's 35k-row
+full-width webspam-like store, bench-out/learning/ws_35000_11.zarr: ~115M training non-zeros over 16,609,143
+features). At that width the weight vector (133 MB in float64) is far larger than any cache, so the random
+access of each non-zero into it costs what it costs at the full 350k rows: per non-zero figures carry over
+to full scale.
+
+1. tight loop: :func:`logistic_sgd`, a plain logistic SGD (constant step, plain bias, no truncation) in one
+   numba loop in one process over the training blocks' CSR arrays (indptr int64, indices int32, data float32,
+   labels), dense weights over the full width, float64 and float32; the blocks are decoded into memory once
+   first, so only the arithmetic and the memory traffic are timed: the physical limit of one core here (a
+   third variant prefetches w ahead in the scoring sweep, as TG's kernel does since this benchmark found
+   that the plain loops leave most of the memory parallelism unused);
+2. our kernel alone: TG with its default hyper-parameters (scale "data", resolved on the store) through
+   ``Algorithm.advance`` exactly as the engine calls it, on the same in-memory blocks, in one process, rows
+   in block order and (second figure) in the engine's order (shuffle window of 4 blocks, merged beforehand);
+   the end-of-pass flush (O(p)) is timed on its own;
+3. the whole command: ``sparsepipe train STORE --algo A --passes P --workers W`` for P = 1 and 3; the marginal
+   pass is (t3 − t1) / 2, wall and core-seconds (W workers: ×W); beside it the seconds the command itself
+   reports for its passes 2 and 3 (one process each, so free of the start-up noise of two runs; holdout
+   metrics included), and the engine's copy / read / kernel split per worker;
+4. Vowpal Wabbit (logistic, --l1, -b 24) on the same training rows (benchmarks.webspam's FIFO feed): one
+   text pass writing the cache, then ``--passes 1`` and ``--passes 3`` from the cache; marginal (t3 − t1) / 2;
+   VW counts as one core (its CPU time, parser thread included, is reported beside it).
+
+Reported: non-zeros per second per core of each, and the ratios to the targets (ours per core ≥ 3x VW per
+core, ≥ 60% of the tight loop per core). The 1-minute load average is recorded with every measurement.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+import numba
+import numpy as np
+
+from benchmarks.common import out_dir, report
+from pipeline.kernels.intrinsics import base, prefetch
+from pipeline.kernels.losses import LOGISTIC, dloss
+from pipeline.kernels.sgd import PREFETCH_DISTANCE, row_dot
+
+@numba.njit(nogil=True, cache=True)
+def logistic_sgd(indptr, indices, data, y, rows, w, bstate, eta, ahead=0):
+    """Plain logistic SGD over the rows ``rows`` of one CSR block: per row f = w·x + b, d = ℓ'(f, y),
+    w_j ← w_j − η·d·x_j on nz(x), b ← b − η·d (constant η; ``bstate`` = [b], float64[1]). ``w`` float64 or
+    float32, C-contiguous (the product w_j·x_j in w's type, the sum in float64). The reference the other
+    figures are compared with: two passes over the row's entries, one random access into w per entry and
+    pass. ``ahead`` > 0: the scoring sweep prefetches w of the entry that many positions ahead (as TG's kernel
+    does, pipeline.kernels.sgd.PREFETCH_DISTANCE); the arithmetic is the same."""
+    b = bstate[0]
+    wp = base(w)
+    for r in range(rows.shape[0]):
+        i = rows[r]
+        lo = indptr[i]
+        hi = indptr[i + 1]
+        if ahead > 0:
+            for k in range(lo, min(lo + ahead, hi)):
+                prefetch(wp, indices[k])
+            acc = 0.0
+            for k in range(lo, hi):
+                if k + ahead < hi:
+                    prefetch(wp, indices[k + ahead])
+                acc += w[indices[k]] * data[k]
+        else:
+            acc = row_dot(w, indices, data, lo, hi)
+        d = dloss(acc + b, y[i], LOGISTIC, False)
+        step = eta * d
+        for k in range(lo, hi):
+            w[indices[k]] -= step * data[k]
+        b -= step
+    bstate[0] = b
+
+
+def load(store_path: str):
+    """The store's training blocks decoded into memory: [(indptr, indices, data, y)], the store, and nnz."""
+    from pipeline.store.reader import open_store
+
+    st = open_store(store_path)
+    blocks = [(b.indptr, b.indices, b.data, b.y) for b in st.blocks("train")]
+    return blocks, st, int(sum(b[0][-1] for b in blocks))
+
+
+def load1() -> float:
+    return round(os.getloadavg()[0], 2)
+
+
+def tight(blocks, nnz: int, p: int, eta: float, reps: int) -> list[dict]:
+    """The tight loop over every training row in block order: float64 and float32 weights, and float64 with the
+    prefetch TG's kernel uses (best of ``reps``)."""
+    out = []
+    small = blocks[0][0][:3]
+    for dt, ahead in ((np.float64, 0), (np.float32, 0), (np.float64, PREFETCH_DISTANCE)):
+        w = np.zeros(p, dt)  # every page touched before timing
+        b = np.zeros(1)
+        logistic_sgd(small, blocks[0][1], blocks[0][2], blocks[0][3], np.arange(2, dtype=np.int64), w, b, eta, ahead)
+        times = []
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            for ip, ix, x, y in blocks:
+                logistic_sgd(ip, ix, x, y, np.arange(y.shape[0], dtype=np.int64), w, b, eta, ahead)
+            times.append(time.perf_counter() - t0)
+        s = min(times)
+        out.append({"what": f"tight loop, w {np.dtype(dt).name}" + (f", prefetch {ahead} ahead" if ahead else ""),
+                    "seconds": round(s, 3),
+                    "runs_s": [round(t, 3) for t in times], **per_pass(nnz, s, 1), "load1": load1(),
+                    "finite": bool(np.isfinite(w).all())})
+    return out
+
+
+def kernel(blocks, st, nnz: int, reps: int, window: int = 4) -> list[dict]:
+    """TG's kernel (defaults) through ``Algorithm.advance`` as the engine calls it, one process, one path."""
+    from pipeline.algorithms import make_algorithm
+    from pipeline.engine import merge_blocks, path_blocks, row_order
+    from pipeline.store.stats import calibrate
+
+    algo = make_algorithm("tg", {})
+    calibrate(algo, st)
+    p = st.n_features
+    # the engine's order for path 0 of 1, pass 0: groups of `window` blocks merged, rows permuted across them
+    order = path_blocks(0, 0, 0, 1, len(blocks), algo.path_mode)
+    groups = [merge_blocks([blocks[int(g)] for g in order[i:i + window]]) for i in range(0, len(order), window)]
+    rows_eng = [row_order(0, 0, 0, int(order[i]), g[3].shape[0], window)
+                for i, g in zip(range(0, len(order), window), groups)]
+    out = []
+    for label, data, rows in (("block order", blocks, [np.arange(b[3].shape[0], dtype=np.int64) for b in blocks]),
+                              ("engine order (window 4)", groups, rows_eng)):
+        state = algo.init_path(p, 0)
+        for k in algo.feature_keys:  # touch every page before timing
+            if k in state:
+                state[k].fill(0.0)
+        algo.advance(state, data[0][0][:3], data[0][1], data[0][2], data[0][3], np.arange(2, dtype=np.int64), 0, 0)
+        times, flush = [], []
+        for rep in range(reps):
+            t0 = time.perf_counter()
+            for (ip, ix, x, y), r in zip(data, rows):
+                algo.advance(state, ip, ix, x, y, r, 0, rep)
+            t1 = time.perf_counter()
+            algo.end_stage(state)
+            times.append(t1 - t0)
+            flush.append(time.perf_counter() - t1)
+        s = min(times)
+        out.append({"what": f"tg kernel alone, {label}", "seconds": round(s, 3), "runs_s": [round(t, 3) for t in times],
+                    "flush_s": round(min(flush), 3), **per_pass(nnz, s, 1), "load1": load1(),
+                    "density": float(np.count_nonzero(state["w"])) / p, "eta": algo.eta, "gravity": algo.gravity})
+    return out, algo.eta
+
+
+def command_runs(store: str, algo: str, workers: int, work: Path, nnz: int, reps: int = 1) -> dict:
+    """``sparsepipe train`` with --passes 1 and 3 (each the fastest of ``reps`` runs, alternating): wall, the
+    engine's own copy/read/kernel split, marginal pass."""
+    from benchmarks.webspam import command
+    from pipeline.model import load_model
+
+    runs = {}
+    for _ in range(reps):
+        for passes in (1, 3):
+            out = work / f"{algo}_{passes}.npz"
+            l0 = load1()
+            res, fig = command(["train", store, "--out", str(out), "--algo", algo, "--passes", str(passes),
+                                "--workers", str(workers)], events=True)
+            tim = load_model(out).meta["provenance"]["timing"]
+            run = {"wall_s": fig["wall_s"], "train_s": res["seconds"], "load1_before": l0, "load1": load1(),
+                   "peak_rss_gb": fig["peak_rss_gb"], "stage_s": [e.get("seconds") for e in fig["events"]],
+                   **{k: round(tim[k], 3) for k in ("copy_s", "read_s", "kernel_s")},
+                   "kernel_nnz_per_s": tim["nnz_per_s_kernel"], "nnz_processed": tim["nnz_processed"]}
+            if passes not in runs or run["wall_s"] < runs[passes]["wall_s"]:
+                runs[passes] = {**run, "walls_s": runs.get(passes, {}).get("walls_s", []) + [run["wall_s"]]}
+            else:
+                runs[passes]["walls_s"].append(run["wall_s"])
+            out.unlink(missing_ok=True)
+    m = (runs[3]["wall_s"] - runs[1]["wall_s"]) / 2
+    m_train = (runs[3]["train_s"] - runs[1]["train_s"]) / 2
+    stages = runs[3]["stage_s"][1:]  # passes 2 and 3 as the command itself timed them (holdout metrics included)
+    per = {k: (runs[3][k] - runs[1][k]) / 2 / workers for k in ("copy_s", "read_s", "kernel_s")}
+    return {"what": f"sparsepipe train --algo {algo} --workers {workers}, marginal pass", "runs": runs,
+            "seconds": round(m, 2), "train_seconds": round(m_train, 2), "core_s": round(m * workers, 2),
+            "stage_s_passes_2_3": round(float(np.mean(stages)), 2) if stages else None,
+            "per_worker_marginal": {k: round(v, 3) for k, v in per.items()},
+            **per_pass(nnz, m, workers), "load1": load1()}
+
+
+def per_pass(nnz: int, seconds: float, cores: int) -> dict:
+    """Non-zeros per second per core and seconds per pass per billion non-zeros of a pass taking ``seconds`` on
+    ``cores`` cores (None when the difference of two noisy runs is not positive)."""
+    ok = seconds > 0
+    return {"nnz_per_s_per_core": nnz / (seconds * cores) if ok else None,
+            "s_per_pass_per_bnnz": seconds / (nnz / 1e9) if ok else None,
+            "s_per_pass_per_bnnz_core": seconds * cores / (nnz / 1e9) if ok else None}
+
+
+def vw_runs(st, src: Path, work: Path, l1: float, nnz: int) -> dict:
+    """VW on the training rows: text pass writing the cache, then 1 and 3 passes from the cache."""
+    from benchmarks.webspam import vw_run
+
+    cache = work / "vw.cache"
+    base = f"--loss_function logistic -b 24 --holdout_off --l1 {l1:g}"
+    l0 = load1()
+    text_s = vw_run(f"-c --cache_file {cache} --passes 1 {base} --noop", (src, st.entries("train")))
+    runs = {}
+    for passes in (1, 3):
+        t0, c0 = time.perf_counter(), time.process_time()
+        vw_run(f"-c --cache_file {cache} --passes {passes} {base}")
+        runs[passes] = {"wall_s": round(time.perf_counter() - t0, 2), "cpu_s": round(time.process_time() - c0, 2),
+                        "load1": load1()}
+    cache.unlink(missing_ok=True)
+    m = (runs[3]["wall_s"] - runs[1]["wall_s"]) / 2
+    m_cpu = (runs[3]["cpu_s"] - runs[1]["cpu_s"]) / 2
+    return {"what": f"vw --l1 {l1:g} -b 24, marginal cache pass", "text_pass_s": round(text_s, 1),
+            "load1_before": l0, "runs": runs, "seconds": round(m, 2), "core_s": round(m, 2), "cpu_s": round(m_cpu, 2),
+            **per_pass(nnz, m, 1), "load1": load1()}
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--store", help="default: the learning benchmark's 35k-row store (made on first use)")
+    ap.add_argument("--src", default=None, help="the store's source text (for VW; default: STORE with .svm)")
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--algos", default="tg,stsgd")
+    ap.add_argument("--reps", type=int, default=2, help="in-process runs of the tight loop and the kernel")
+    ap.add_argument("--command-reps", type=int, default=1, help="runs of each train command (the fastest counts)")
+    ap.add_argument("--skip", default="", help="comma list of tight,kernel,command,vw")
+    ap.add_argument("--vw-l1", type=float, default=1e-6)
+    ap.add_argument("--work", type=Path, default=None)
+    a = ap.parse_args(argv)
+    skip = set(a.skip.split(",")) - {""}
+    if not a.store:
+        from benchmarks.learning import default_store
+
+        a.store = default_store(workers=a.workers)[0]
+    src = Path(a.src or str(Path(a.store).with_suffix(".svm")))
+    work = Path(tempfile.mkdtemp(prefix="throughput-", dir=a.work or out_dir()))
+    rows = []
+    try:
+        blocks, st, nnz = load(a.store)
+        print(f"{len(blocks)} training blocks, {nnz:,} non-zeros, {st.n_features:,} features", flush=True)
+        eta = None
+        if "kernel" not in skip:
+            got, eta = kernel(blocks, st, nnz, a.reps)
+            rows += got
+            print(got, flush=True)
+        if "tight" not in skip:
+            if eta is None:
+                from pipeline.algorithms import make_algorithm
+                from pipeline.store.stats import calibrate
+
+                algo = make_algorithm("tg", {})
+                calibrate(algo, st)
+                eta = algo.eta
+            got = tight(blocks, nnz, st.n_features, eta, a.reps)
+            rows += got
+            print(got, flush=True)
+        del blocks
+        if "command" not in skip:
+            for algo in a.algos.split(","):
+                rows.append(command_runs(a.store, algo, a.workers, work, nnz, a.command_reps))
+                print(rows[-1], flush=True)
+        if "vw" not in skip:
+            rows.append(vw_runs(st, src, work, a.vw_l1, nnz))
+            print(rows[-1], flush=True)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    by = {r["what"]: r["nnz_per_s_per_core"] for r in rows}
+
+    def get(prefix):
+        return next((v for k, v in by.items() if k.startswith(prefix)), None)
+
+    def ratio(x, y):
+        return round(x / y, 3) if x and y else None
+
+    tl, vw = by.get("tight loop, w float64"), get("vw ")
+    tlp = get("tight loop, w float64, prefetch")
+    ratios = {}
+    for algo in a.algos.split(","):
+        ours = get(f"sparsepipe train --algo {algo} ")
+        ratios[f"{algo} vs vw per core (target >= 3)"] = ratio(ours, vw)
+        ratios[f"{algo} vs tight loop f64 per core (target >= 0.6)"] = ratio(ours, tl)
+        row = next((r for r in rows if r["what"].startswith(f"sparsepipe train --algo {algo} ")), None)
+        if row and row.get("stage_s_passes_2_3"):  # the same from the command's own pass 2/3 timings
+            staged = per_pass(nnz, row["stage_s_passes_2_3"], a.workers)["nnz_per_s_per_core"]
+            ratios[f"{algo} (passes 2-3 as timed by the command) vs vw per core"] = ratio(staged, vw)
+            ratios[f"{algo} (passes 2-3 as timed by the command) vs tight loop f64 per core"] = ratio(staged, tl)
+    ratios["tg kernel (block order) vs tight loop f64"] = ratio(get("tg kernel alone, block order"), tl)
+    ratios["tg kernel (engine order) vs tight loop f64"] = ratio(get("tg kernel alone, engine order"), tl)
+    ratios["tg kernel (block order) vs tight loop f64 with prefetch"] = ratio(get("tg kernel alone, block order"), tlp)
+    ratios["tight loop f32 vs f64"] = ratio(get("tight loop, w float32"), tl)
+    ratios["tight loop f64 with prefetch vs without"] = ratio(tlp, tl)
+    for r in rows:
+        if r["nnz_per_s_per_core"]:
+            r["M_nnz_per_s_per_core"] = round(r["nnz_per_s_per_core"] / 1e6, 2)
+            r["s_per_pass_per_bnnz_core"] = round(r["s_per_pass_per_bnnz_core"], 2)
+    report("throughput", {"store": a.store, "workers": a.workers, "training_nnz": nnz, "n_features": st.n_features,
+                          "rows": rows, "ratios": ratios}, rows,
+           ["what", "seconds", "stage_s_passes_2_3", "M_nnz_per_s_per_core", "s_per_pass_per_bnnz_core", "load1"])
+    print(ratios)
+
+
+if __name__ == "__main__":
+    main()
