@@ -547,7 +547,7 @@ def train(store_path: str, algo: Algorithm, *, passes: int, paths: int, seed: in
         gstate = algo.init_global(p)
         start_pass = 0
         if client is not None and placement != "single":
-            w_ref = client.scatter(warm, broadcast=True) if warm is not None else None
+            w_ref = client.scatter(warm, broadcast=True, hash=False) if warm is not None else None
             ex0 = DaskExec(client)  # path m lives on worker m mod n from the start (see run_stages)
             states = [ex0.submit_pinned(m, init_task, algo, p, m, w_ref) for m in range(paths)]
         else:

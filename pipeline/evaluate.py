@@ -80,7 +80,7 @@ def evaluate_store(model, store_path: str, split: str = "holdout", client=None, 
     if not entries:
         raise ValueError(f"{store_path}: no blocks in split {split!r}" + (" among the given ones" if blocks else ""))
     ex = DaskExec(client) if client is not None else LocalExec()
-    w = client.scatter(model.dense_weights(), broadcast=True) if client is not None else model.dense_weights()
+    w = client.scatter(model.dense_weights(), broadcast=True, hash=False) if client is not None else model.dense_weights()
     version = st.manifest["manifest_version"]
     parts = [ex.submit(eval_task, st.path, version, e["key"], w, model.bias) for e in entries]
     res = metrics_from_partial(ex.result(tree(ex, parts, merge_partials)), st.label_kind)

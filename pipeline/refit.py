@@ -232,7 +232,9 @@ class RefitProblem:
         self.split = (float(split[0]), int(split[1]))
         self.client = client
         self.ex = DaskExec(client) if client is not None else LocalExec()
-        self.sup_ref = client.scatter(self.support, broadcast=True) if client is not None else self.support
+        # a key of its own: with a content hash, a just-released problem's scatter of the same support raced
+        # this one ("Could not find data" on a worker, then a task that never ran)
+        self.sup_ref = client.scatter(self.support, broadcast=True, hash=False) if client is not None else self.support
         self.evaluations = 0
         self.eval_seconds = 0.0
         self._store, self._scale = st, None
