@@ -53,6 +53,7 @@ DEFAULT_TOL = 1e-6
 # evaluation re-reads and re-compacts its blocks (at webspam scale a 1 GiB budget made each evaluation a full
 # decode of the store). 4 GiB holds a 2-worker share of a 16.6M-feature store's compaction to ~20k columns.
 DEFAULT_CACHE_BYTES = 4 << 30
+REFIT_WORKER_BASE = 600 << 20  # a worker's process, one decoded block and the KKT pass's width-sized scratch
 SCATTER_BYTES = 1 << 16  # a larger weight vector goes to the workers scattered, once per evaluation
 DEFAULT_L1 = "auto"
 VALIDATION_FRACTION = 0.2  # training rows set aside to choose the refit's L1 penalty
@@ -223,8 +224,9 @@ class RefitProblem:
         if self.support.size and (np.any(np.diff(self.support) <= 0) or self.support[0] < 0):
             raise ValueError("support must be sorted, unique, non-negative column ids")
         self.l2, self.loss, self.code = float(l2), loss, {"logistic": LOGISTIC, "squared": SQUARED}[loss]
+        # raw blocks are read once per compaction (and per KKT pass): not kept in the engine's block cache
         self.data = DataRef(st.path, st.manifest["manifest_version"], tuple(e["key"] for e in entries),
-                            tuple(e["rows"] for e in entries), st.n_features, int(cache_bytes))
+                            tuple(e["rows"] for e in entries), st.n_features, 0)
         self.n_rows = int(sum(e["rows"] for e in entries))
         self.label_kind = st.label_kind
         self.sig = support_signature(self.support, st.n_features)
@@ -237,7 +239,36 @@ class RefitProblem:
         self.sup_ref = client.scatter(self.support, broadcast=True, hash=False) if client is not None else self.support
         self.evaluations = 0
         self.eval_seconds = 0.0
-        self._store, self._scale = st, None
+        self._store, self._scale, self._stats = st, None, None
+        self.cache_bytes = self.fitting_cache(self.cache_bytes)
+
+    def support_stats(self) -> tuple[np.ndarray, np.ndarray]:
+        """(non-zero count, sum of squares) of each column of S over the training split (store statistics)."""
+        if self._stats is None:
+            from pipeline.store.stats import read_stats
+
+            st = self._store
+            f, cnt, sumsq = read_stats(f"{st.path}/{st.manifest['stats']}")
+            pos = np.minimum(np.searchsorted(f, self.support), max(0, f.size - 1))
+            hit = (f[pos] == self.support) if f.size else np.zeros(self.support.size, dtype=bool)
+            self._stats = (np.where(hit, cnt[pos] if f.size else 0, 0).astype(np.int64),
+                           np.where(hit, sumsq[pos] if f.size else 0.0, 0.0))
+        return self._stats
+
+    def fitting_cache(self, cache_bytes: int) -> int:
+        """The compacted-block cache per worker: ``cache_bytes`` when a worker's share of the compaction (from the
+        column counts of S) fits in it and beside REFIT_WORKER_BASE under the workers' smallest memory_limit, else
+        0 (every evaluation then re-reads its blocks: an LRU smaller than the share would hit nothing)."""
+        from pipeline.memory import worker_limits
+
+        limits = worker_limits(self.client) if self.client is not None else []
+        if not any(x > 0 for x in limits):
+            return cache_bytes
+        nnz = int(self.support_stats()[0].sum())
+        share = (nnz * (4 + np.dtype(self._store.manifest.get("data_dtype", "float32")).itemsize)
+                 + 24 * self.n_rows) / len(limits)
+        budget = min(cache_bytes, min(x for x in limits if x > 0) - REFIT_WORKER_BASE)
+        return cache_bytes if share <= budget else 0
 
     def full_gradient(self, theta) -> np.ndarray:
         """∂/∂w_j of the mean loss at theta (w on S) for every column j of the width: one pass over the training
@@ -261,12 +292,8 @@ class RefitProblem:
         """s_j = sqrt(c·Σ_i x_ij²/n + l2) for j in S (c = 1/4, the largest ℓ'' of the logistic loss; 1 squared),
         from the store's training statistics; 1 for a column without any."""
         if self._scale is None:
-            from pipeline.store.stats import read_stats
-
             st = self._store
-            f, _, sumsq = read_stats(f"{st.path}/{st.manifest['stats']}")
-            pos = np.minimum(np.searchsorted(f, self.support), max(0, f.size - 1))
-            ss = np.where((f.size > 0) & (f[pos] == self.support), sumsq[pos] if f.size else 0.0, 0.0)
+            ss = self.support_stats()[1]
             c = 0.25 if self.loss == "logistic" else 1.0
             n = max(1, sum(int(e["rows"]) for e in st.entries("train")))
             self._scale = np.where(ss > 0, np.sqrt(c * ss / n + self.l2), 1.0)

@@ -82,3 +82,19 @@ def test_cli_reports_one_line_and_exit_1(tmp_path, small_limit_cluster):
     assert r.exit_code == 1, r.output
     assert "error: --algo tg at 3,000,000 features needs about" in r.output and "Traceback" not in r.output
     assert not (tmp_path / "m.npz").exists()
+
+
+def test_refit_cache_follows_the_workers_memory_limit(small_limit_cluster, tmp_path):
+    """The refit keeps compacted blocks per worker only when a worker's share fits under its memory_limit; under
+    a 350 MB limit it keeps none, re-reads the blocks every evaluation, and gives the same model bit for bit."""
+    from pipeline.refit import RefitProblem, refit
+
+    store = _store(tmp_path, "refit", 60)
+    m = fit(store, "tg", {"gravity": 1e-3}, passes=2, paths=1, evaluate=False)
+    S = m.coef_indices
+    assert RefitProblem(store, S, l2=1e-4, client=small_limit_cluster).cache_bytes == 0
+    assert RefitProblem(store, S, l2=1e-4).cache_bytes > 0  # in process: no limit
+    far = refit(m, store, client=small_limit_cluster, l1=0, max_iter=30)
+    near = refit(m, store, l1=0, max_iter=30)
+    np.testing.assert_array_equal(far.coef_values, near.coef_values)
+    assert far.bias == near.bias
