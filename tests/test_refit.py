@@ -51,6 +51,14 @@ def synth_stores(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
+def wide(synth_stores):
+    """The 2k-row store and an FTRL model with a wider support (fewer than 20 training rows per column, so the
+    default refit runs its validated L1 path)."""
+    store = synth_stores[2000][0]
+    return store, fit(store, "ftrl", {"l1": 0.3}, passes=3, paths=1, evaluate=False)
+
+
+@pytest.fixture(scope="module")
 def small(synth_stores):
     """The 2k-row store and an FTRL model trained on it (a support of ~140 columns)."""
     store = synth_stores[2000][0]
@@ -191,10 +199,10 @@ def test_kkt_rounds_reach_the_l1_optimum_over_all_columns(small, client):
     assert set(np.flatnonzero(np.abs(sk.coef_.ravel()) > 1e-4)) <= set(full.coef_indices.tolist())
 
 
-def test_auto_l1_is_chosen_on_training_rows_only_and_keeps_a_subset_of_s(small):
+def test_auto_l1_is_chosen_on_training_rows_only_and_keeps_a_subset_of_s(wide):
     """The validated path: the chosen penalty is a path point, the path's validation losses come from training
     rows (never the holdout), the result is supported on S with exact zeros, and the split is seeded."""
-    store, model = small
+    store, model = wide
     r = refit(model, store)
     info = r.meta["refit"]
     path = info["l1_path"]
@@ -206,6 +214,23 @@ def test_auto_l1_is_chosen_on_training_rows_only_and_keeps_a_subset_of_s(small):
     assert set(r.coef_indices.tolist()) <= set(model.coef_indices.tolist()) and r.nnz < model.nnz
     again = refit(model, store)
     np.testing.assert_array_equal(again.coef_values, r.coef_values)
+
+
+def test_auto_is_the_l2_refit_when_rows_are_many_per_selected_column(small, wide):
+    """With at least AUTO_ROWS_PER_COLUMN training rows per column of S, "auto" skips the validated path: the
+    result is the plain L2 refit's, bit for bit, and the rule is recorded."""
+    from pipeline.refit import AUTO_ROWS_PER_COLUMN
+
+    store, model = small
+    rows = sum(e["rows"] for e in open_store(store).entries("train"))
+    k = rows // AUTO_ROWS_PER_COLUMN
+    few = Model(model.n_features, model.coef_indices[:k], model.coef_values[:k], model.bias, meta=model.meta)
+    auto, l2 = refit(few, store, max_iter=40), refit(few, store, l1=0, max_iter=40)
+    assert auto.meta["refit"]["l1"] == 0.0 and auto.meta["refit"]["l1_path"] is None
+    assert auto.meta["refit"]["l1_rule"].startswith("rows >=")
+    np.testing.assert_array_equal(auto.coef_values, l2.coef_values)
+    assert wide[1].nnz * AUTO_ROWS_PER_COLUMN > rows
+    assert refit(wide[1], store, max_iter=5).meta["refit"]["l1_rule"] == "validated path"
 
 
 def test_validation_rows_are_seeded_per_block():
@@ -314,7 +339,7 @@ def test_fit_with_refit_reports_the_refitted_holdout_metrics(small, client):
 def test_cli_train_refit_end_to_end(small, tmp_path):
     store, _ = small
     out = tmp_path / "m.npz"
-    r = CliRunner().invoke(app, ["train", store, "--out", str(out), "--algo", "ftrl", "--set", "l1=3",
+    r = CliRunner().invoke(app, ["train", store, "--out", str(out), "--algo", "ftrl", "--set", "l1=0.3",
                                  "--passes", "2", "--refit", "--refit-l2", "1e-4", "--refit-iters", "40", "--json"])
     assert r.exit_code == 0, r.output
     summary = json.loads(r.stdout[r.stdout.index("{"):])

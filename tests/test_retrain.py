@@ -338,12 +338,12 @@ def test_refit_in_the_nightly_job(days, tmp_path):
     from pipeline.evaluate import evaluate_store
 
     d = str(tmp_path / "job")
-    _job(d, '[refit]\nenabled = true\nl1 = "auto"\nmax_iter = 50\n')
+    _job(d, '[refit]\nenabled = true\nl1 = 1e-3\nmax_iter = 50\n')
     code, res = _run(d, [days[1]])
     assert code == EXIT_OK and res["status"] == "promoted", res
     prod = open_registry(os.path.join(d, "models")).production()
     info = prod.meta["refit"]
-    assert info["l1"] > 0 and info["nnz"] == prod.nnz <= info["nnz_before"] and prod.states is None
+    assert info["l1"] == 1e-3 and info["nnz"] == prod.nnz <= info["nnz_before"] and prod.states is None
     assert res["candidate"]["refit"]["nnz"] == prod.nnz
     st = os.path.join(d, "store.zarr")
     assert res["candidate"]["metrics"]["error"] == pytest.approx(evaluate_store(prod, st, "holdout")["error"])
