@@ -26,7 +26,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
@@ -34,41 +33,20 @@ import numpy as np
 
 from benchmarks.common import out_dir, report
 from benchmarks.diagnose import load_truth, support_scores
+from benchmarks.memory import ProcessSampler
 
 
-class PeakMemory:
-    """Samples RSS and USS of a process and its descendants every ``every`` seconds; keeps the largest."""
+class PeakMemory(ProcessSampler):
+    """The largest RSS and USS over a process and its descendants, sampled every ``every`` seconds."""
 
     def __init__(self, pid: int, every: float = 1.0):
-        import psutil
-
-        self.proc = psutil.Process(pid)
-        self.every = every
-        self.rss = self.uss = 0
-        self._stop = threading.Event()
-        self._t = threading.Thread(target=self._run, daemon=True)
-        self._t.start()
-
-    def _run(self):
-        import psutil
-
-        while not self._stop.is_set():
-            try:
-                procs = [self.proc] + self.proc.children(recursive=True)
-            except psutil.Error:
-                break
-            for p in procs:
-                try:
-                    mi = p.memory_full_info()
-                    self.rss, self.uss = max(self.rss, mi.rss), max(self.uss, mi.uss)
-                except psutil.Error:
-                    pass
-            self._stop.wait(self.every)
+        super().__init__(pid, role=lambda p: str(p.pid), every=every)
 
     def stop(self) -> dict:
-        self._stop.set()
-        self._t.join()
-        return {"peak_rss_gb": round(self.rss / 2**30, 2), "peak_uss_gb": round(self.uss / 2**30, 2)}
+        super().stop()
+        rows = [r for per_pid in self.samples.values() for r in per_pid]
+        return {"peak_rss_gb": round(max((r[1] for r in rows), default=0) / 2**30, 2),
+                "peak_uss_gb": round(max((r[3] for r in rows), default=0) / 2**30, 2)}
 
 
 def command(args: list[str], json_out: bool = True, events: bool = False) -> tuple[dict, dict]:

@@ -11,6 +11,29 @@ from cli.app import Progress, app, apply_verify, emit_json, fail, json_line, no_
 from cli.train_options import RUN_KEYS, SWITCHES, TrainingOptions, read_config, training_options  # noqa: F401
 
 
+def refit_l1_option(flag: str, default):
+    return typer.Option(default, flag, help="L1 penalty of the refit on the mean loss: 'auto' (default: a path "
+                                            "fitted on 80% of the training rows, chosen on the other 20%; the "
+                                            "plain L2 refit at >= 20 training rows per selected column) or a "
+                                            "number; 0 refits with L2 only (fewer passes over the store).")
+
+
+def refit_l2_option(flag: str):
+    return typer.Option(None, flag, min=0.0, help="L2 penalty of the refit on the mean loss (default 3e-3 / "
+                                                  "training rows: 1e-7 at 31k rows).")
+
+
+def refit_iters_option(flag: str):
+    return typer.Option(None, flag, min=1, help="L-BFGS-B iterations of the refit's final fit at most "
+                                                "(default 100).")
+
+
+def refit_kkt_option(flag: str):
+    return typer.Option(None, flag, min=0, help="After an L1 refit, check its KKT conditions on every column (a "
+                                                "pass over the full rows) and let up to N rounds add violating "
+                                                "columns to the support (0: report only).")
+
+
 @app.command(context_settings={"help_option_names": ["--help", "-h"]})
 @training_options()
 def train(
@@ -28,19 +51,10 @@ def train(
                                                       "see --refit-l1). Loss: the model's when logistic or "
                                                       "squared; hinge-trained models are refitted with logistic "
                                                       "loss. Holdout metrics are then the refitted model's."),
-    refit_l1: Optional[str] = typer.Option(None, "--refit-l1", help="L1 penalty of the refit on the mean loss: "
-                                                                     "'auto' (default: a validated path) or a "
-                                                                     "number; 0 refits with L2 only (fewer "
-                                                                     "passes over the store)."),
-    refit_kkt: Optional[int] = typer.Option(None, "--refit-kkt", min=0, help="After an L1 refit, check its KKT "
-                                                                            "conditions on every column (a pass "
-                                                                            "over the full rows) and let up to N "
-                                                                            "rounds add violating columns to the "
-                                                                            "support (0: report only)."),
-    refit_l2: Optional[float] = typer.Option(None, "--refit-l2", min=0.0, help="L2 penalty of the refit, on the "
-                                                                               "mean loss (default 3e-3 / training rows: 1e-7 at 31k rows)."),
-    refit_iters: Optional[int] = typer.Option(None, "--refit-iters", min=1, help="L-BFGS iterations of the "
-                                                                                 "refit at most (default 100)."),
+    refit_l1: Optional[str] = refit_l1_option("--refit-l1", None),
+    refit_kkt: Optional[int] = refit_kkt_option("--refit-kkt"),
+    refit_l2: Optional[float] = refit_l2_option("--refit-l2"),
+    refit_iters: Optional[int] = refit_iters_option("--refit-iters"),
     training: TrainingOptions = None,
 ):
     """Train a sparse linear model over the store's training blocks; report holdout metrics per pass.
@@ -87,7 +101,7 @@ def train(
                         stage_blocks=run.get("stage_blocks", 0), max_density=run.get("max_density"),
                         evaluate_every=run.get("evaluate_every", 1),
                         shuffle_window=run.get("shuffle_window", 4), progress=progress,
-                        refit=_refit_options(refit, refit_l2, refit_iters, refit_l1, refit_kkt),
+                        refit=refit_options(refit, refit_l2, refit_iters, refit_l1, refit_kkt),
                         blocks=_window(str(store), run.get("generations", 0)))
         bar.close()
         model.save(out)
@@ -138,8 +152,10 @@ _REFIT_SUMMARY = ("l1", "l2", "kkt", "loss", "iterations", "evaluations", "objec
                   "holdout_before", "nnz_before")
 
 
-def _refit_options(on: bool, l2: float | None, iters: int | None, l1: str | None = None,
-                   kkt: int | None = None) -> dict | None:
+def refit_options(on: bool, l2: float | None, iters: int | None, l1: str | None = None,
+                  kkt: int | None = None, l1_flag: str = "--refit-l1") -> dict | None:
+    """The keywords of :func:`pipeline.refit.refit` from the refit flags (train's ``--refit-*`` or `sparsepipe
+    refit`'s); None without ``on``. A flag without ``on`` or a bad L1 value is a usage error (exit 2)."""
     if not on:
         if l2 is not None or iters is not None or l1 is not None or kkt is not None:
             fail("--refit-l1, --refit-l2, --refit-iters and --refit-kkt need --refit", 2)
@@ -150,7 +166,7 @@ def _refit_options(on: bool, l2: float | None, iters: int | None, l1: str | None
         try:
             l1 = parse_l1(l1)
         except ValueError as e:
-            fail(f"--refit-l1: {e}", 2)
+            fail(f"{l1_flag}: {e}", 2)
     return {k: v for k, v in (("l2", l2), ("max_iter", iters), ("l1", l1), ("kkt_rounds", kkt)) if v is not None}
 
 

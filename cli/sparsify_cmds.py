@@ -8,6 +8,7 @@ from typing import Optional
 import typer
 
 from cli.app import app, apply_verify, emit_json, fail, no_verify_option, user_errors
+from cli.model_cmds import refit_iters_option, refit_kkt_option, refit_l1_option, refit_l2_option, refit_options
 
 
 @app.command()
@@ -56,16 +57,10 @@ def refit(
     model: Path = typer.Argument(..., help="Model file (any algorithm; its non-zero weights are the support S)."),
     store: Path = typer.Argument(..., help="Store whose training blocks the refit reads (holdout: metrics only)."),
     out: Path = typer.Option(..., "--out", "-o", help="Refitted model file to write."),
-    l1: str = typer.Option("auto", "--l1", help="L1 penalty on the mean loss: 'auto' (a path fitted on 80% of "
-                                                "the training rows, chosen on the other 20%) or a number; 0: "
-                                                "L2 only."),
-    l2: Optional[float] = typer.Option(None, "--l2", min=0.0, help="L2 penalty on the mean loss (default "
-                                                                   "3e-3 / training rows)."),
-    iters: Optional[int] = typer.Option(None, "--iters", min=1, help="L-BFGS-B iterations of the final fit at "
-                                                                      "most (default 100)."),
-    kkt: Optional[int] = typer.Option(None, "--kkt", min=0, help="After an L1 refit, check its KKT conditions on "
-                                                                 "every column (a pass over the full rows) and let "
-                                                                 "up to N rounds add violating columns (0: report)."),
+    l1: str = refit_l1_option("--l1", "auto"),
+    l2: Optional[float] = refit_l2_option("--l2"),
+    iters: Optional[int] = refit_iters_option("--iters"),
+    kkt: Optional[int] = refit_kkt_option("--kkt"),
     workers: Optional[int] = typer.Option(None, "--workers", min=1, help="Start a local cluster of N processes "
                                                                          "(default: threads in this process)."),
     scheduler: Optional[str] = typer.Option(None, "--scheduler", help="Join this Dask scheduler instead."),
@@ -77,16 +72,10 @@ def refit(
     apply_verify(no_verify)
     from pipeline.cluster import dask_client
     from pipeline.model import load_model
-    from pipeline.refit import parse_l1
     from pipeline.store.reader import open_store
     from pipeline.train import refit_model
 
-    try:
-        options = {"l1": parse_l1(l1), **({"l2": l2} if l2 is not None else {}),
-                   **({"max_iter": iters} if iters is not None else {}),
-                   **({"kkt_rounds": kkt} if kkt is not None else {})}
-    except ValueError as e:
-        fail(f"--l1: {e}", 2)
+    options = refit_options(True, l2, iters, l1, kkt, l1_flag="--l1")
     try:
         m = load_model(model)
         st = open_store(str(store))

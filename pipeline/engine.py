@@ -513,8 +513,7 @@ def train(store_path: str, algo: Algorithm, *, passes: int, paths: int, seed: in
     st = open_store(store_path)
     p = st.n_features
     calibrate(algo, st)
-    keep = None if blocks is None else set(blocks)
-    train_entries = [e for e in st.entries("train") if keep is None or e["key"] in keep]
+    train_entries = st.entries("train", blocks)
     if not train_entries:
         raise ValueError(f"{store_path}: no training blocks")
     if paths < 1:
@@ -533,7 +532,7 @@ def train(store_path: str, algo: Algorithm, *, passes: int, paths: int, seed: in
         cache_bytes = cache_bytes if check_fits(client, algo, p, paths, cached) else 0
     data = DataRef(st.path, version, tuple(e["key"] for e in train_entries),
                    tuple(e["rows"] for e in train_entries), p, cache_bytes)
-    holdout = (st.path, version, tuple(e["key"] for e in st.entries("holdout") if keep is None or e["key"] in keep),
+    holdout = (st.path, version, tuple(e["key"] for e in st.entries("holdout", blocks)),
                st.label_kind) if evaluate else None
     if init_states is not None:
         if len(init_states) != paths:

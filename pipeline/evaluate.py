@@ -73,10 +73,7 @@ def evaluate_store(model, store_path: str, split: str = "holdout", client=None, 
     from pipeline.store.reader import open_store
 
     st = open_store(store_path)
-    entries = st.entries(split)
-    if blocks is not None:
-        keep = set(blocks)
-        entries = [e for e in entries if e["key"] in keep]
+    entries = st.entries(split, blocks)
     if not entries:
         raise ValueError(f"{store_path}: no blocks in split {split!r}" + (" among the given ones" if blocks else ""))
     ex = DaskExec(client) if client is not None else LocalExec()

@@ -217,8 +217,7 @@ class RefitProblem:
         from pipeline.store.reader import open_store
 
         st = open_store(store_path)
-        keep = None if blocks is None else set(blocks)
-        entries = [e for e in st.entries("train") if keep is None or e["key"] in keep]  # never the holdout
+        entries = st.entries("train", blocks)  # never the holdout
         if not entries:
             raise ValueError(f"{store_path}: no training blocks")
         if l2 is None:
@@ -254,10 +253,12 @@ class RefitProblem:
 
             st = self._store
             f, cnt, sumsq = read_stats(f"{st.path}/{st.manifest['stats']}")
-            pos = np.minimum(np.searchsorted(f, self.support), max(0, f.size - 1))
-            hit = (f[pos] == self.support) if f.size else np.zeros(self.support.size, dtype=bool)
-            self._stats = (np.where(hit, cnt[pos] if f.size else 0, 0).astype(np.int64),
-                           np.where(hit, sumsq[pos] if f.size else 0.0, 0.0))
+            count, ss = np.zeros(self.support.size, dtype=np.int64), np.zeros(self.support.size)
+            if f.size:
+                pos = np.minimum(np.searchsorted(f, self.support), f.size - 1)
+                hit = f[pos] == self.support
+                count[hit], ss[hit] = cnt[pos[hit]], sumsq[pos[hit]]
+            self._stats = (count, ss)
         return self._stats
 
     def fitting_cache(self, cache_bytes: int) -> int:
@@ -279,9 +280,7 @@ class RefitProblem:
         """∂/∂w_j of the mean loss at theta (w on S) for every column j of the width: one pass over the training
         blocks' full rows, partial sums added on the client in block order (deterministic)."""
         theta = np.asarray(theta, dtype=np.float64)
-        w = theta[:-1]
-        if self.client is not None and w.nbytes > SCATTER_BYTES:
-            w = self.client.scatter(w, broadcast=True, hash=False)
+        w = self._ship(theta[:-1])
         g = np.zeros(self.data.n_features, dtype=np.float64)
         pending: list = []
         for b in range(len(self.data.keys) + GRADIENT_WINDOW):  # at most GRADIENT_WINDOW results outstanding
@@ -304,13 +303,18 @@ class RefitProblem:
             self._scale = np.where(ss > 0, np.sqrt(c * ss / n + self.l2), 1.0)
         return self._scale
 
+    def _ship(self, w):
+        """w for the block tasks: a larger vector goes to the workers scattered, once per pass, not once per task."""
+        w = np.asarray(w, dtype=np.float64)
+        if self.client is not None and w.nbytes > SCATTER_BYTES:
+            w = self.client.scatter(w, broadcast=True, hash=False)
+        return w
+
     def sums(self, w, bias, part: str = "all") -> np.ndarray:
         """Sum over all training blocks of :func:`block_task`'s vector (a fixed tree: deterministic)."""
         from pipeline.engine import tree
 
-        w = np.asarray(w, dtype=np.float64)
-        if self.client is not None and w.nbytes > SCATTER_BYTES:  # once per evaluation, not once per block task
-            w = self.client.scatter(w, broadcast=True, hash=False)
+        w = self._ship(w)
         parts = [self.ex.submit_pinned(b, block_task, self.data, b, self.sup_ref, self.sig, w, float(bias),
                                        self.code, self.cache_bytes, self.split, part)
                  for b in range(len(self.data.keys))]
@@ -463,7 +467,7 @@ def refit(model, store_path: str, client=None, l2: float = DEFAULT_L2, max_iter:
 
     st = open_store(store_path)
     loss = refit_loss(model, st.label_kind, loss)
-    rows = sum(int(e["rows"]) for e in st.entries("train") if blocks is None or e["key"] in set(blocks))
+    rows = sum(int(e["rows"]) for e in st.entries("train", blocks))
     path, rule = None, None
     if l1 == "auto" and rows >= AUTO_ROWS_PER_COLUMN * max(1, support.size):
         l1, rule = 0.0, f"rows >= {AUTO_ROWS_PER_COLUMN} x |S|: L2 only"

@@ -74,8 +74,7 @@ def refit_model(model: Model, st, client=None, blocks=None, evaluate: bool = Tru
     from pipeline.refit import refit
 
     model = refit(model, st.path, client=client, blocks=blocks, **(options or {}))
-    keep = None if blocks is None else set(blocks)
-    if evaluate and any(keep is None or e["key"] in keep for e in st.entries("holdout")):
+    if evaluate and st.entries("holdout", blocks):
         res = evaluate_store(model, st.path, "holdout", client, blocks=blocks)
         model.meta["holdout"] = _jsonable({k: v for k, v in res.items()
                                            if k not in ("split", "store", "blocks", "nnz", "density", "n_features")})

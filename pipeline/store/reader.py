@@ -158,10 +158,13 @@ class Store:
     def label_kind(self) -> str:
         return self.manifest["labels"]["kind"]
 
-    def entries(self, split: str = "train") -> list[dict]:
+    def entries(self, split: str = "train", keys=None) -> list[dict]:
+        """The manifest entries of ``split`` in row order; only those whose block key is in ``keys`` when given."""
         if split not in SPLITS:
             raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
-        return [e for e in self.manifest["blocks"] if split == "all" or e["split"] == split]
+        keep = None if keys is None else set(keys)
+        return [e for e in self.manifest["blocks"] if (split == "all" or e["split"] == split)
+                and (keep is None or e["key"] in keep)]
 
     def generations(self) -> list[int]:
         """Generation numbers (one per ingest or append), oldest first."""
