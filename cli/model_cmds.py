@@ -45,12 +45,14 @@ def train(
                                                           "every pass/stage to this JSON-lines file."),
     as_json: bool = typer.Option(False, "--json", help="Print a JSON summary (and, when stderr is not a "
                                                        "terminal, one JSON line per pass on stderr)."),
-    refit: bool = typer.Option(False, "--refit", help="After training, refit the model on the selected support "
-                                                      "only (relaxed lasso: exact full-batch L-BFGS-B over the "
-                                                      "store, L1 penalty chosen on 20% of the training rows, "
-                                                      "see --refit-l1). Loss: the model's when logistic or "
-                                                      "squared; hinge-trained models are refitted with logistic "
-                                                      "loss. Holdout metrics are then the refitted model's."),
+    refit: Optional[bool] = typer.Option(None, "--refit/--no-refit",
+                                         help="After training, refit the model on the selected support only "
+                                              "(relaxed lasso: exact full-batch L-BFGS-B over the store, L1 "
+                                              "penalty chosen on 20% of the training rows, see --refit-l1). "
+                                              "Default: on for stsgd, off for the others. Loss: the model's "
+                                              "when logistic or squared; hinge-trained models are refitted "
+                                              "with logistic loss. Holdout metrics are then the refitted "
+                                              "model's; the file keeps the learner's state for --init-model."),
     refit_l1: Optional[str] = refit_l1_option("--refit-l1", None),
     refit_kkt: Optional[int] = refit_kkt_option("--refit-kkt"),
     refit_l2: Optional[float] = refit_l2_option("--refit-l2"),
@@ -63,6 +65,7 @@ def train(
     (set any with --set KEY=VALUE)."""
     from pipeline.cluster import dask_client, default_workers
     from pipeline.model import load_model
+    from pipeline.refit import refit_by_default
     from pipeline.train import fit
 
     t = training.resolve()
@@ -101,7 +104,8 @@ def train(
                         stage_blocks=run.get("stage_blocks", 0), max_density=run.get("max_density"),
                         evaluate_every=run.get("evaluate_every", 1),
                         shuffle_window=run.get("shuffle_window", 4), progress=progress,
-                        refit=refit_options(refit, refit_l2, refit_iters, refit_l1, refit_kkt),
+                        refit=refit_options(refit_by_default(name) if refit is None else refit, refit_l2,
+                                            refit_iters, refit_l1, refit_kkt),
                         blocks=_window(str(store), run.get("generations", 0)))
         bar.close()
         model.save(out)
@@ -158,7 +162,8 @@ def refit_options(on: bool, l2: float | None, iters: int | None, l1: str | None 
     refit`'s); None without ``on``. A flag without ``on`` or a bad L1 value is a usage error (exit 2)."""
     if not on:
         if l2 is not None or iters is not None or l1 is not None or kkt is not None:
-            fail("--refit-l1, --refit-l2, --refit-iters and --refit-kkt need --refit", 2)
+            fail("--refit-l1, --refit-l2, --refit-iters and --refit-kkt need --refit (on by default for stsgd only)",
+                 2)
         return None
     if l1 is not None:
         from pipeline.refit import parse_l1

@@ -493,8 +493,10 @@ def _run_locked(cfg, reg, lock, clients, new_inputs, force, steps, t_all, say):
 
         production = load_model(reg.model_file(parent))
     candidate, tinfo = _train(cfg, reg, run, st, train_keys, production, clients, say)
-    if cfg.refit.get("enabled"):  # deterministic: a re-run after a kill refits the checkpoint again, identically
-        from pipeline.refit import refit
+    from pipeline.refit import refit, refit_by_default
+
+    if cfg.refit.get("enabled", refit_by_default(cfg.algo)):  # deterministic: a re-run after a kill refits the
+        # checkpoint again, identically
 
         candidate = refit(candidate, st.path, client=clients.train_client(), blocks=train_keys,
                           **{k: v for k, v in cfg.refit.items() if k != "enabled"})

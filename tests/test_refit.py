@@ -208,12 +208,40 @@ def test_auto_l1_is_chosen_on_training_rows_only_and_keeps_a_subset_of_s(wide):
     path = info["l1_path"]
     chosen = [p for p in path if p.get("chosen")]
     assert len(chosen) == 1 and info["l1"] == chosen[0]["l1"] > 0 and info["validation"] == 0.2
-    best = min(p["val_loss"] for p in path)
-    assert chosen[0]["val_loss"] <= best + chosen[0]["val_se"] + 1e-12 or chosen[0]["val_loss"] == best
-    assert all(p["l1"] > q["l1"] for p, q in zip(path, path[1:]))  # decreasing penalties
+    best = min(path, key=lambda p: p["val_loss"])
+    within = [p for p in path if p["val_loss"] <= best["val_loss"] + best["val_se"]]
+    assert chosen[0] in within and chosen[0]["nnz"] == min(p["nnz"] for p in within)  # the sparsest within 1 SE
+    lasso = [p for p in path if p["phi"] == 1.0]
+    assert all(p["l1"] > q["l1"] for p, q in zip(lasso, lasso[1:]))  # decreasing penalties
+    relaxed = [p for p in path if p["phi"] < 1.0]
+    assert relaxed and info["relax"] == chosen[0]["phi"]
+    for p in relaxed:  # φ·λ_k on the support of the lasso at λ_k: never more columns
+        point = next(q for q in lasso if q["l1"] == p["l1_select"])
+        assert p["l1"] == pytest.approx(p["phi"] * point["l1"]) and p["nnz"] <= point["nnz"]
     assert set(r.coef_indices.tolist()) <= set(model.coef_indices.tolist()) and r.nnz < model.nnz
     again = refit(model, store)
     np.testing.assert_array_equal(again.coef_values, r.coef_values)
+
+
+def test_relaxed_solve_holds_inactive_columns_at_zero_and_equals_the_solve_on_the_subset(wide):
+    """solve(..., active): the columns outside the mask stay exactly 0 and the rest equal the L1 solve of the
+    problem built on the subset of S (the relaxed lasso's refit on S_λ)."""
+    from pipeline.refit import RefitProblem, solve
+
+    store, model = wide
+    support = np.sort(model.coef_indices)
+    prob = RefitProblem(store, support, l2=1e-4)
+    active = np.zeros(support.size, dtype=bool)
+    active[::3] = True
+    x, res = solve(prob, np.zeros(support.size + 1), 1e-3, active=active, max_iter=500, tol=1e-9)
+    assert np.all(x[:-1][~active] == 0.0) and np.count_nonzero(x[:-1]) > 0
+    sub = RefitProblem(store, support[active], l2=1e-4)
+    y, _ = solve(sub, np.zeros(active.sum() + 1), 1e-3, max_iter=500, tol=1e-9)
+    def objective(pr, t):
+        return pr.evaluate(t)[0] + 1e-3 * np.abs(t[:-1]).sum()
+
+    assert objective(prob, x) == pytest.approx(objective(sub, y), rel=1e-7)
+    np.testing.assert_allclose(x[np.append(active, True)], y, atol=1e-4)
 
 
 def test_auto_is_the_l2_refit_when_rows_are_many_per_selected_column(small, wide):
@@ -255,23 +283,26 @@ def test_squared_optimum_equals_closed_form_ridge(small):
     assert abs(r.bias - ref[-1]) < 1e-5
 
 
-def test_support_is_kept_metadata_recorded_and_state_dropped(small, tmp_path):
+def test_support_is_kept_metadata_recorded_and_learner_state_kept(small, tmp_path):
     store, model = small
     assert model.states is not None
     r = refit(model, store, l1=0, max_iter=30)
     S = set(model.coef_indices.tolist())
     assert r.nnz > 0 and set(r.coef_indices.tolist()) <= S and r.nnz >= model.nnz - 1
-    assert r.n_features == model.n_features and r.states is None and r.gstate is None
+    assert r.n_features == model.n_features and r.states is model.states and r.gstate is model.gstate
     assert r.meta["algorithm"] == "ftrl" and r.meta["hyper"] == model.meta["hyper"]
     info = r.meta["refit"]
     assert {"l1", "l2", "loss", "iterations", "evaluations", "objective", "grad_norm", "seconds"} <= set(info)
     assert info["support"] == model.nnz and info["loss"] == "logistic" and info["iterations"] <= 30
     r.save(tmp_path / "r.npz")
     back = load_model(tmp_path / "r.npz")
-    assert back.states is None and back.meta["refit"]["l2"] == info["l2"]
+    assert back.meta["refit"]["l2"] == info["l2"] and len(back.states) == len(model.states)
+    for a, b in zip(back.states, model.states):  # the sparse learner's optimiser state, saved with the refit
+        assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
     np.testing.assert_array_equal(back.coef_indices, r.coef_indices)
-    # as --init-model it warm-starts (nothing to resume) and training runs
-    warm = fit(store, "ftrl", FTRL, passes=1, paths=1, init_model=back, evaluate=False)
+    # as --init-model: the same algorithm resumes the learner; another warm-starts from the refitted weights
+    assert fit(store, "ftrl", FTRL, passes=1, paths=1, init_model=back, evaluate=False).meta["provenance"]["resumed"]
+    warm = fit(store, "sgd", {}, passes=1, paths=1, init_model=back, evaluate=False)
     assert not warm.meta["provenance"]["resumed"]
 
 
@@ -324,6 +355,20 @@ def test_refit_recovers_the_true_weights_as_rows_grow(synth_stores):
     assert e_r2 < e_m2 and e_r16 < e_m16                  # measured: 0.92 vs 0.74, 0.61 vs 0.36
 
 
+def test_resume_through_a_refitted_model_equals_the_uninterrupted_run(small):
+    """The refitted model keeps the learner's state: 2 passes (refit) + 3 passes (refit) == 5 passes (refit)."""
+    store, _ = small
+    opts = {"l1": 0, "max_iter": 20}
+    five = fit(store, "ftrl", FTRL, passes=5, paths=2, evaluate=False, refit=opts)
+    two = fit(store, "ftrl", FTRL, passes=2, paths=2, evaluate=False, refit=opts)
+    more = fit(store, "ftrl", FTRL, passes=3, paths=2, evaluate=False, refit=opts, init_model=two)
+    assert more.meta["provenance"]["resumed"] and more.meta["passes"] == five.meta["passes"] == 5
+    assert not np.array_equal(two.coef_values, more.coef_values)
+    np.testing.assert_array_equal(more.coef_indices, five.coef_indices)
+    np.testing.assert_array_equal(more.coef_values, five.coef_values)
+    assert more.bias == five.bias
+
+
 def test_fit_with_refit_reports_the_refitted_holdout_metrics(small, client):
     from pipeline.evaluate import evaluate_store
 
@@ -333,7 +378,7 @@ def test_fit_with_refit_reports_the_refitted_holdout_metrics(small, client):
     now = evaluate_store(m, store, "holdout")
     assert before["n_rows"] == now["n_rows"] and m.meta["holdout"]["error"] == now["error"]
     assert m.meta["holdout"]["logloss"] == pytest.approx(now["logloss"], rel=1e-12)
-    assert m.meta["refit"]["l2"] == 1e-5 and m.states is None
+    assert m.meta["refit"]["l2"] == 1e-5 and len(m.states) == 2
 
 
 def test_cli_train_refit_end_to_end(small, tmp_path):
@@ -347,7 +392,7 @@ def test_cli_train_refit_end_to_end(small, tmp_path):
     assert summary["refit"]["l2"] == 1e-4 and summary["refit"]["iterations"] <= 40
     assert summary["holdout"]["error"] == m.meta["holdout"]["error"]
     assert summary["refit"]["holdout_before"]["n_rows"] == m.meta["holdout"]["n_rows"]
-    assert m.meta["refit"]["l2"] == 1e-4 and m.states is None
+    assert m.meta["refit"]["l2"] == 1e-4 and m.states is not None
     assert summary["refit"]["l1"] > 0 and summary["refit"]["nnz_before"] >= m.nnz
     r2 = CliRunner().invoke(app, ["train", store, "--out", str(tmp_path / "x.npz"), "--refit-l2", "1e-3"])
     assert r2.exit_code == 2 and "--refit" in r2.output

@@ -343,12 +343,14 @@ def test_refit_in_the_nightly_job(days, tmp_path):
     assert code == EXIT_OK and res["status"] == "promoted", res
     prod = open_registry(os.path.join(d, "models")).production()
     info = prod.meta["refit"]
-    assert info["l1"] == 1e-3 and info["nnz"] == prod.nnz <= info["nnz_before"] and prod.states is None
+    assert info["l1"] == 1e-3 and info["nnz"] == prod.nnz <= info["nnz_before"] and prod.states is not None
     assert res["candidate"]["refit"]["nnz"] == prod.nnz
     st = os.path.join(d, "store.zarr")
     assert res["candidate"]["metrics"]["error"] == pytest.approx(evaluate_store(prod, st, "holdout")["error"])
     code, again = _run(d, [days[1]])  # the same night again: a no-op reporting the earlier decision
     assert code == EXIT_OK and again["noop"] and again["earlier_status"] == "promoted"
+    code, night2 = _run(d, [days[2]])  # resumes the learner's state kept in the refitted production
+    assert code == EXIT_OK and night2["candidate"]["exact_resume"] is True, night2
     for bad, msg in (('[refit]\nenabled = true\nl3 = 1\n', "refit.l3"), ('[refit]\nl1 = "x"\n', "refit.l1"),
                      ('[refit]\nenabled = 1\n', "refit.enabled")):
         with pytest.raises(ValueError, match=msg):
