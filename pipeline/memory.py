@@ -7,8 +7,12 @@ loaded: ~0.3 GB measured). State sizes are linear in the width; they are measure
 ``init_path``/``working_state``/``init_global`` at two small widths and extrapolated, so nothing of the real width is
 allocated. At webspam width (16,609,143 features) tg's path state is 266 MB (twice: 1.10 GB per worker, measured
 1.08 GB); stsgd keeps 2 MB between stages (its settled state, ``STSGD.settle``: Ω as bits, the non-zero weights) and
-works on 599 MB during a stage: 1.25 GB per worker, measured 1.16 GB (benchmarks/memory.py lists every array and
-``--train`` samples a real run).
+works on 599 MB during a stage: 1.25 GB per worker, measured 1.16 GB; l1proj keeps its non-zero weights and builds
+its 548 MB treap inside the task: 1.11 GB (was 1.66 GB), measured 0.86 GB (was 1.82 GB) on 3,000 rows; two-stage
+keeps the non-zeros of its arrays and expands 598 MB inside the task: 1.30 GB (was 2.03 GB), measured 1.38 GB
+(was 2.46 GB; its dense L1∩L2 projection's scratch, up to 3 x 133 MB, is not in the estimate). Between stages
+these compact states grow with the features a path has seen, which the estimate (of a fresh state) leaves out
+(benchmarks/memory.py lists every array and ``--train`` samples a real run).
 """
 from __future__ import annotations
 

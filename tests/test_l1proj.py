@@ -5,7 +5,8 @@ import pytest
 from benchmarks.two_stage import make_store, regression_data
 from pipeline.algorithms import make_algorithm
 from pipeline.kernels.losses import LOSS_CODES
-from pipeline.kernels.projection import l1tree_dense, project_l1_sort
+from pipeline.kernels.l1proj import clip_to_l1_ball
+from pipeline.kernels.projection import l1tree_dense, l1tree_from_dense, l1tree_init, project_l1_sort
 from pipeline.model import load_model
 from pipeline.train import fit
 from tests.conftest import data_file
@@ -34,7 +35,7 @@ def test_kernel_equals_dense_reference(loss):
         y = np.where(y > 0, 1.0, -1.0)
     z, eta = 1.5, 0.05
     algo = make_algorithm("l1proj", {"radius": z, "eta": eta, "loss": loss, "schedule": "sqrt"})
-    st = algo.init_path(60, 0)
+    st = algo.working_state(algo.init_path(60, 0))
     rows = np.random.default_rng(0).permutation(400).astype(np.int64)
     algo.advance(st, indptr, indices, data, y, rows, 0, 0)
     w_ref, b_ref = dense_reference(indptr, indices, data, y, rows, 60, z, eta, loss, 0.5)
@@ -98,7 +99,8 @@ def test_int32_tree_state_bit_identical_to_int64(tmp_path, monkeypatch):
     models = {}
     for dt in (np.int32, np.int64):
         monkeypatch.setattr(L1Projection, "index_dtype", dt)
-        assert make_algorithm("l1proj", {}).init_path(80, 0)["inode"].dtype == dt
+        algo = make_algorithm("l1proj", {})
+        assert algo.working_state(algo.init_path(80, 0))["inode"].dtype == dt
         models[dt] = fit(store, "l1proj", opts, passes=3, paths=2, seed=1, client=None)
     w32, w64 = models[np.int32].dense_weights(), models[np.int64].dense_weights()
     assert w32.tobytes() == w64.tobytes() and models[np.int32].bias == models[np.int64].bias
@@ -122,3 +124,68 @@ def test_int32_tree_state_bit_identical_to_int64(tmp_path, monkeypatch):
         assert getattr(s32, k).tobytes() == getattr(s64, k).tobytes(), k
     np.testing.assert_array_equal(s32.inode[:, :P.I_PRIO], s64.inode[:, :P.I_PRIO])
     assert i32.tobytes() == i64.tobytes() and f32.tobytes() == f64.tobytes()
+
+
+def test_tree_support_and_sparse_build_reference():
+    """``l1tree_support`` is the non-zeros of ``l1tree_dense``; ``l1tree_from_sparse`` builds ``l1tree_from_dense``'s
+    state bit for bit (NumPy references)."""
+    from pipeline.kernels import projection as P
+
+    indptr, indices, data, y, _ = regression_data(500, 200, 8, seed=3)
+    s = P.l1tree_init(200, seed=4, rebase_factor=2.0)
+    for i in range(500):
+        lo, hi = indptr[i], indptr[i + 1]
+        P.l1tree_update(s, indices[lo:hi], data[lo:hi] * y[i], 3.0, alpha=0.2)
+    w = P.l1tree_dense(*s)
+    idx, val = P.l1tree_support(s.fnode, s.sgn, s.fsc)
+    assert 0 < idx.size < 200 and idx.dtype == np.int64
+    np.testing.assert_array_equal(idx, np.flatnonzero(w))
+    assert val.tobytes() == w[idx].tobytes()
+    a, b = P.l1tree_from_dense(w, seed=4), P.l1tree_from_sparse(idx, val, 200, seed=4)
+    for k in KEYS:
+        assert getattr(a, k).tobytes() == getattr(b, k).tobytes(), k
+
+
+class _TreeStateL1Proj:
+    """The tree state kept between stages (the layout before the compact settled state): the reference for
+    bit-identity of the compact state."""
+
+    def init_path(self, n_features, path):
+        return {**l1tree_init(n_features)._asdict(), "istate": np.zeros(1, np.int64), "fstate": np.zeros(1)}
+
+    def working_state(self, state):
+        return state
+
+    def settle(self, state):
+        return state
+
+    def summarize(self, state):
+        return {"w": l1tree_dense(*(state[k] for k in KEYS)), "bias": state["fstate"][:1].copy()}
+
+    def combine(self, a, b):
+        return {k: a[k] + b[k] for k in a}
+
+    def decide(self, total, gstate, n_paths):
+        w = clip_to_l1_ball(total["w"] / n_paths if n_paths > 1 else total["w"], self.params.radius)
+        return {"w": w, "bias": total["bias"] / n_paths if n_paths > 1 else total["bias"]}, gstate, {}
+
+    def apply(self, state, decision):
+        return {**state, **l1tree_from_dense(decision["w"])._asdict(), "fstate": decision["bias"][:1].copy()}
+
+    def weights(self, decision):
+        return decision["w"], float(decision["bias"][0])
+
+
+def test_compact_state_bit_identical_to_tree_state(tmp_path):
+    """Non-zero weights between stages instead of the treap (issue 13 §1): the same model bit for bit as the tree
+    kept between stages, over 3 passes of 3 mixed paths; the settled state holds no per-feature array."""
+    from pipeline.algorithms.l1proj import L1Projection
+    from pipeline.engine import train
+
+    store, truth = make_store(tmp_path, "r", 1500, 80, 8, seed=5, hetero=False, client=None)
+    opts = {"radius": 0.05 * float(np.abs(truth["w"]).sum()), "eta": 0.1, "loss": "squared"}
+    ref_cls = type("TreeL1", (_TreeStateL1Proj, L1Projection), {})
+    new, ref = (train(store, cls(make_algorithm("l1proj", opts).params), passes=3, paths=3, seed=2)
+                for cls in (L1Projection, ref_cls))
+    assert new.w.tobytes() == ref.w.tobytes() and new.bias == ref.bias and 0 < np.count_nonzero(new.w) < 80
+    assert set(new.states[0]) == {"w_idx", "w_val", "width", "istate", "fstate", "cursor"}

@@ -29,6 +29,21 @@ def copy_state(state: dict) -> dict:
     return {k: v.copy() for k, v in state.items()}
 
 
+def pack_nonzero(v: np.ndarray) -> tuple:
+    """(idx int64, values) of the entries of ``v`` whose bits are not all zero (−0.0 is kept), in increasing idx:
+    a settled state's sparse form of a per-feature array that :func:`unpack_nonzero` restores bit for bit."""
+    v = np.asarray(v)
+    idx = np.flatnonzero(v.view(np.dtype(f"i{v.dtype.itemsize}")))
+    return idx.astype(np.int64, copy=False), v[idx]
+
+
+def unpack_nonzero(idx, values, n: int, dtype=np.float64, fill=0) -> np.ndarray:
+    """The ``n``-vector of ``dtype`` equal to ``fill`` but ``values`` at ``idx`` (inverse of :func:`pack_nonzero`)."""
+    out = np.full(n, fill, dtype=dtype) if fill else np.zeros(n, dtype=dtype)
+    out[idx] = values
+    return out
+
+
 def params_from_dict(cls, values: dict, where: str = "config"):
     """Build the frozen hyper-parameter dataclass ``cls`` from ``values``, rejecting unknown keys."""
     names = {f.name for f in dataclasses.fields(cls)}

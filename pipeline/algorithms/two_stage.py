@@ -16,6 +16,15 @@ is accumulated over the stage-1 rows in O(nnz) per row (§3), because algorithms
 whole passes it equals the store's col_sumsq/n_rows. ŵ, its bias and s stay in the global state so that
 ``sparsepipe sparsify`` can redo stage 2 with another K. With neither ``nnz`` nor ``epsilon`` the model is ŵ.
 
+State. Between stages a path keeps the non-zeros of w, c, wsum and sumsq (``<key>_idx`` int64 / ``<key>_val``,
+every entry whose bits are not all zero: :func:`pipeline.algorithms.base.pack_nonzero`), the stamps ``last_val`` on
+w's support (elsewhere a stamp does not change any sum), ``width``, ``istate`` and ``fstate``
+(:meth:`TwoStage.settle`); a stage's task expands them into the kernel's dense arrays (:meth:`working_state`;
+``last`` int32 while the epoch's iterate index fits) and settles them after the summary, so the dense arrays (598 MB
+at 16.6M features) live only inside the task and training is bit-identical to dense states between stages. The
+state between stages grows with the features a path has seen (sumsq, wsum): 16 bytes per non-zero of each array,
+at most 72 bytes per feature (the dense arrays: 40) when every feature is non-zero in all four. The decision carries ŵ (and s, when stage 2 is on) as non-zeros too.
+
 ``stage1 = "averaged-sgd"`` is §3's stage-1 baseline: projection onto the L1 ball only, η_t = η1/√t,
 averaged iterate (paths are not mixed; the output is the mean of the paths' averages).
 """
@@ -26,13 +35,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pipeline.algorithms.base import Algorithm, check_choice, check_positive
+from pipeline.algorithms.base import Algorithm, check_choice, check_positive, pack_nonzero, unpack_nonzero
 from pipeline.kernels import two_stage as K
 from pipeline.kernels.l1proj import clip_to_l1_ball
 from pipeline.kernels.losses import LOSS_CODES
 from pipeline.sparsify import METHODS, NNZ_MODES, check_epsilon, sparsify_vector
 
 STAGE1 = {"epoch-gd": K.MODE_EPOCH, "averaged-sgd": K.MODE_SGD}
+DENSE_KEYS = ("w", "c", "wsum", "sumsq")  # the kernel's float64[p] arrays, with ``last``
+INT32_MAX = int(np.iinfo(np.int32).max)
 
 
 @dataclass(frozen=True)
@@ -104,8 +115,7 @@ class TwoStage(Algorithm):
     name = "two-stage"
     path_mode = "split"
     Params = TwoStageParams
-    shared_keys = ("c",)
-    feature_keys = ("w", "c", "wsum", "last", "sumsq")
+    shared_keys = ("c_idx", "c_val")
 
     def _schedule(self, k):
         p = self.params
@@ -114,16 +124,24 @@ class TwoStage(Algorithm):
         return epoch_schedule(k, p.T1, p.eta1, p.rho)
 
     def _start(self, state, k, bias):
+        """A new settled state starting epoch k at its centre c: w = c, wsum = 0, last = 1 (on w's support)."""
         T, eta, rho = self._schedule(k)
-        K.start_epoch(state["w"], state["c"], state["wsum"], state["last"], state["istate"], state["fstate"],
-                      T, eta, rho)
-        state["istate"][K.IS_EPOCH] = k
-        state["fstate"][K.FS_BIAS] = bias
-        return state
+        out = dict(state)
+        out["w_idx"], out["w_val"] = state["c_idx"], state["c_val"]
+        out["last_val"] = np.ones(state["c_idx"].shape[0], dtype=np.int64)
+        out["wsum_idx"], out["wsum_val"] = np.zeros(0, dtype=np.int64), np.zeros(0)
+        out["istate"], out["fstate"] = state["istate"].copy(), state["fstate"].copy()
+        K.begin_epoch(state["c_val"], out["istate"], out["fstate"], T, eta, rho)
+        out["istate"][K.IS_EPOCH] = k
+        out["fstate"][K.FS_BIAS] = bias
+        return out
 
     def init_path(self, n_features, path):
-        st = K.new_state(n_features)
-        st["istate"][K.IS_BUDGET] = self.params.budget
+        st = {f"{k}_{x}": np.zeros(0, dtype=np.int64 if x == "idx" else np.float64)
+              for k in DENSE_KEYS for x in ("idx", "val")}
+        istate = np.zeros(K.N_IS, dtype=np.int64)
+        istate[K.IS_BUDGET] = self.params.budget
+        st.update(width=np.array([n_features], dtype=np.int64), istate=istate, fstate=np.zeros(K.N_FS))
         return self._start(st, 1, 0.0)
 
     def init_global(self, n_features):
@@ -131,11 +149,46 @@ class TwoStage(Algorithm):
                 "last_steps": np.zeros(1, np.int64), "stuck": np.zeros(1, np.int64)}
 
     def warm_start(self, state, w, bias):
-        state["c"] = clip_to_l1_ball(_fit(np.asarray(w, np.float64), state["w"].shape[0]), self.params.l1_radius)
-        return self._start(state, int(state["istate"][K.IS_EPOCH]), float(bias))
+        out = dict(state)
+        c = clip_to_l1_ball(_fit(np.asarray(w, np.float64), int(state["width"][0])), self.params.l1_radius)
+        out["c_idx"], out["c_val"] = pack_nonzero(c)
+        return self._start(out, int(state["istate"][K.IS_EPOCH]), float(bias))
+
+    def resize(self, state, n_features):
+        state = self.settle(state)  # a dense state (saved before the compact form) too
+        if int(state["width"][0]) >= n_features:
+            return state
+        return {**state, "width": np.array([n_features], dtype=np.int64)}
+
+    def working_state(self, state):
+        """The kernel's dense arrays of a settled state (a dense state is used as it is); ``last`` is int32
+        (:meth:`advance` widens it before an iterate index could pass 2³¹ − 1)."""
+        if "w" in state:
+            return state
+        p = int(state["width"][0])
+        out = {k: v for k, v in state.items() if k not in self._compact_keys}
+        for k in DENSE_KEYS:
+            out[k] = unpack_nonzero(state[f"{k}_idx"], state[f"{k}_val"], p)
+        out["last"] = unpack_nonzero(state["w_idx"], state["last_val"], p, np.int32, fill=1)
+        return out
+
+    _compact_keys = tuple(f"{k}_{x}" for k in DENSE_KEYS for x in ("idx", "val")) + ("last_val", "width")
+
+    def settle(self, state):
+        """The compact state of a dense one (see the module docstring)."""
+        if "w" not in state:
+            return state
+        out = {k: v for k, v in state.items() if k not in DENSE_KEYS + ("last",)}
+        for k in DENSE_KEYS:
+            out[f"{k}_idx"], out[f"{k}_val"] = pack_nonzero(state[k])
+        out["last_val"] = state["last"][out["w_idx"]].astype(np.int64)
+        out["width"] = np.array([state["w"].shape[0]], dtype=np.int64)
+        return out
 
     def advance(self, state, indptr, indices, data, y, rows, start, pass_index):
         p = self.params
+        if state["last"].dtype != np.int64 and int(state["istate"][K.IS_T]) + rows.shape[0] - start + 2 > INT32_MAX:
+            state["last"] = state["last"].astype(np.int64)  # the stamps (iterate indices ≤ t + 2) would not fit
         work = np.empty(3 * state["w"].shape[0])
         consumed, done = K.epoch_gd_block(
             indptr, indices, data, y, rows[start:], state["w"], state["c"], state["wsum"], state["last"],
@@ -174,9 +227,12 @@ class TwoStage(Algorithm):
                 w_hat, b_hat = _fit(g["w_hat"], n), g["b_hat"]
         k = int(g["epochs_done"][0]) + 1
         T, eta, rho = self._schedule(k)
-        s = total["sumsq"] / max(1, nrows)
-        decision = {"w_hat": w_hat, "b_hat": b_hat, "s": s, "sync": np.array([int(sync)]), "epoch": np.array([k])}
-        w, info = self._stage2(decision)
+        s = total["sumsq"] / max(1, nrows) if self._stage2_on else None
+        w, info = self._stage2(w_hat, s)
+        decision = {"b_hat": b_hat, "sync": np.array([int(sync)]), "epoch": np.array([k]), "width": np.array([n])}
+        decision["w_hat_idx"], decision["w_hat_val"] = pack_nonzero(w_hat)
+        if s is not None:
+            decision["s_idx"], decision["s_val"] = pack_nonzero(s)
         nnz = int(np.count_nonzero(w))
         diag = {"nnz": nnz, "density": nnz / max(1, n), "epochs_done": int(g["epochs_done"][0]),
                 "next_T": float(T), "next_eta": eta, "next_rho": rho, "nnz_hat": int(np.count_nonzero(w_hat)),
@@ -184,23 +240,28 @@ class TwoStage(Algorithm):
         return decision, g, diag
 
     def apply(self, state, decision):
-        if int(decision["sync"][0]):
-            state["c"] = np.array(decision["w_hat"], dtype=np.float64, copy=True)
-            state["w"] = np.empty_like(state["c"])
-            self._start(state, int(decision["epoch"][0]), float(decision["b_hat"][0]))
+        if int(decision["sync"][0]):  # the next epoch starts at the new centre ŵ
+            out = {**state, "c_idx": decision["w_hat_idx"], "c_val": decision["w_hat_val"]}
+            return self._start(out, int(decision["epoch"][0]), float(decision["b_hat"][0]))
         return state
 
-    def _stage2(self, decision):
+    @property
+    def _stage2_on(self) -> bool:
+        return bool(self.params.nnz or self.params.epsilon)
+
+    def _stage2(self, w_hat, s):
         p = self.params
-        w_hat = decision["w_hat"]
-        if not p.nnz and not p.epsilon:
+        if not self._stage2_on:
             return w_hat, {}
-        return sparsify_vector(w_hat, decision["s"], method=p.sparsify, nnz=p.nnz or None,
+        return sparsify_vector(w_hat, s, method=p.sparsify, nnz=p.nnz or None,
                                epsilon=p.epsilon or None, delta=p.delta, seed=p.sparsify_seed,
                                nnz_mode=p.nnz_mode)
 
     def weights(self, decision):
-        return self._stage2(decision)[0], float(decision["b_hat"][0])
+        n = int(decision["width"][0])
+        s = unpack_nonzero(decision["s_idx"], decision["s_val"], n) if "s_idx" in decision else None
+        return self._stage2(unpack_nonzero(decision["w_hat_idx"], decision["w_hat_val"], n), s)[0], \
+            float(decision["b_hat"][0])
 
     def finished(self, gstate):
         p = self.params

@@ -72,6 +72,8 @@ __all__ = [
     "l1tree_init",
     "l1tree_index_dtype",
     "l1tree_from_dense",
+    "l1tree_from_sparse",
+    "l1tree_support",
     "l1tree_update",
     "l1tree_add_project",
     "l1tree_axpy_project",
@@ -1058,15 +1060,43 @@ def l1tree_update(state, idx, vals, z, alpha=1.0):
     return bool(l1tree_axpy_project(*state, idx, vals, float(alpha), z))
 
 
+@numba.njit(**_JIT)
+def l1tree_support(fnode, sgn, fsc):
+    """(idx int64, values float64) of the non-zero w_j in increasing j: ``l1tree_dense`` without the dense
+    vector (O(p), two scans)."""
+    p = sgn.shape[0]
+    n = 0
+    for j in range(p):
+        if l1tree_value(fnode, sgn, fsc, j) != 0.0:
+            n += 1
+    idx = np.empty(n, np.int64)
+    val = np.empty(n, np.float64)
+    n = 0
+    for j in range(p):
+        x = l1tree_value(fnode, sgn, fsc, j)
+        if x != 0.0:
+            idx[n] = j
+            val[n] = x
+            n += 1
+    return idx, val
+
+
 def l1tree_from_dense(w, seed=0, rebase_factor=64.0, index_dtype=None):
     """State holding the given w (Θ = 0, no projection applied), built in O(p log p)."""
     w = _as_vec(w, "w")
-    st = l1tree_init(w.size, seed=seed, rebase_factor=rebase_factor, index_dtype=index_dtype)
     nz = np.flatnonzero(w)
-    mag = np.abs(w[nz])
+    return l1tree_from_sparse(nz, w[nz], w.size, seed, rebase_factor, index_dtype)
+
+
+def l1tree_from_sparse(nz, values, p, seed=0, rebase_factor=64.0, index_dtype=None):
+    """``l1tree_from_dense`` of the p-vector with non-zeros ``values`` at the strictly increasing ``nz`` (the same
+    state bit for bit, without the dense vector)."""
+    st = l1tree_init(p, seed=seed, rebase_factor=rebase_factor, index_dtype=index_dtype)
+    nz = np.asarray(nz, dtype=np.int64)
+    mag = np.abs(np.asarray(values, dtype=np.float64))
     order = nz[np.argsort(mag, kind="stable")].astype(np.int64)  # ties ordered by id
     st.fnode[nz, F_KEY] = mag
-    st.sgn[nz] = np.sign(w[nz]).astype(np.int8)
+    st.sgn[nz] = np.sign(values).astype(np.int8)
     st.isc[ISC_ROOT] = _build_sorted(order, order.size, st.fnode, st.inode, st.isc[ISC_SEED])
     st.isc[ISC_NNZ] = nz.size
     st.fsc[FSC_L1] = float(mag.sum())

@@ -18,7 +18,8 @@ Mode ``MODE_SGD`` is the stage-1 baseline of §3: projection onto the L1 ball on
 
 State (all arrays mutated in place; nothing survives in locals between calls):
     w, c, wsum, sumsq   float64[p]   iterate, centre, lazy epoch sum, Σ x_j² over the rows seen
-    last                int64[p]     lazy stamps (iterate index)
+    last                int32 or int64[p]   lazy stamps (iterate index; where w_j = 0 any stamp ≤ the next
+                                     iterate's gives the same sums: its terms are ±0.0)
     istate              int64[8]     see IS_*
     fstate              float64[8]   see FS_*
 """
@@ -51,14 +52,6 @@ MODE_SGD = 1
 NEVER = 2 ** 62  # epoch length of MODE_SGD
 
 
-def new_state(p: int) -> dict:
-    """Fresh path state for p features: w = c = 0, epoch not started (the algorithm sets the schedule)."""
-    istate = np.zeros(N_IS, dtype=np.int64)
-    istate[IS_EPOCH] = 1
-    return {"w": np.zeros(p), "c": np.zeros(p), "wsum": np.zeros(p), "last": np.ones(p, dtype=np.int64),
-            "sumsq": np.zeros(p), "istate": istate, "fstate": np.zeros(N_FS)}
-
-
 @numba.njit(cache=True, nogil=True)
 def _norms(w, c):
     l1 = 0.0
@@ -71,20 +64,20 @@ def _norms(w, c):
 
 
 @numba.njit(cache=True, nogil=True)
-def start_epoch(w, c, wsum, last, istate, fstate, T, eta, rho):
-    """Begin an epoch at centre c: w ← c, empty lazy sum, schedule (T, η, ρ); exact norms."""
-    for j in range(w.shape[0]):
-        w[j] = c[j]
-        wsum[j] = 0.0
-        last[j] = 1
+def begin_epoch(c_values, istate, fstate, T, eta, rho):
+    """Begin an epoch with w = c (the caller resets w, wsum and last): schedule (T, η, ρ), exact norms
+    ‖w‖₁ = Σ|c_j| summed in index order over ``c_values`` (c's non-zeros, in index order: the sum over all of c
+    bit for bit) and ‖w − c‖² = 0."""
+    l1 = 0.0
+    for j in range(c_values.shape[0]):
+        l1 += abs(c_values[j])
     istate[IS_T] = 0
     istate[IS_TK] = T
     istate[IS_DONE] = 0
     fstate[FS_ETA] = eta
     fstate[FS_RHO] = rho
-    l1, d2 = _norms(w, c)
     fstate[FS_L1] = l1
-    fstate[FS_D2] = d2
+    fstate[FS_D2] = 0.0
     fstate[FS_BSUM] = 0.0
 
 
