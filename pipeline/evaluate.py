@@ -97,6 +97,7 @@ def evaluate_store(model, store_path: str, split: str = "holdout", client=None, 
     entries = st.entries(split, blocks)
     if not entries:
         raise ValueError(f"{store_path}: no blocks in split {split!r}" + (" among the given ones" if blocks else ""))
+    st.expect_reads(entries)
     ex = DaskExec(client) if client is not None else LocalExec()
     w = client.scatter(model.dense_weights(), broadcast=True, hash=False) if client is not None else model.dense_weights()
     version = st.manifest["manifest_version"]

@@ -29,7 +29,9 @@ def predict_to_file(model, input_path: str, out_path: str, zero_based: bool = Fa
     if os.path.isdir(input_path):
         from pipeline.store.reader import open_store
 
-        mats = ((b.indptr, b.indices, b.data) for b in open_store(input_path).blocks("all"))
+        st = open_store(input_path)
+        st.expect_reads(st.entries("all"))
+        mats = ((b.indptr, b.indices, b.data) for b in st.blocks("all"))
     else:
         if os.path.isfile(input_path) and os.path.getsize(input_path) == 0:
             raise ValueError(f"{input_path}: empty input (0 bytes); nothing to predict")

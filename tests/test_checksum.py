@@ -94,6 +94,11 @@ def test_checksum_same_with_and_without_numba_path(monkeypatch):
     assert len(seen) == 5  # four arrays and the digests, all in Python
     monkeypatch.setattr(checksum, "_python_left", 0)
     assert checksum.checksum(*arrays) == by_python and len(seen) == 5  # all in the kernel
+    monkeypatch.setattr(checksum, "_python_left", 1 << 20)
+    checksum.expect(1 << 19)  # a command announcing reads within the budget: Python still
+    assert checksum.checksum(*arrays) == by_python and len(seen) == 10
+    checksum.expect(1 << 20)  # more than is left: the kernel from the first byte
+    assert checksum.checksum(*arrays) == by_python and len(seen) == 10
 
 
 def test_block_checksum_and_old_crc32_both_verify():

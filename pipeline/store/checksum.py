@@ -6,8 +6,8 @@ stores written before it carry 8-hex-digit crc32 checksums, which :func:`matches
 A process that has not started numba hashes its first :data:`PYTHON_BYTES` with :func:`xxh64_python` (the
 kernel's digests, tested; ~40 MB/s against the kernel's GB/s) instead of paying numba's start (~0.6 s:
 ``import numba`` and its first call) for them: ``evaluate`` and ``predict`` on a small store then run without
-numba. Past that budget, or once numba is imported for anything else, the kernel hashes; either way every
-block read is verified.
+numba. Past that budget, for a command that announces more (:func:`expect`), or once numba is imported for
+anything else, the kernel hashes; either way every block read is verified.
 """
 from __future__ import annotations
 
@@ -69,6 +69,15 @@ def xxh64_python(buf: np.ndarray, seed: int = 0) -> int:
     h ^= h >> 29
     h = h * _P3 & _M
     return h ^ (h >> 32)
+
+
+def expect(nbytes: int) -> None:
+    """A command is about to verify ``nbytes`` of block arrays: when they exceed what is left of the Python
+    budget, the kernel hashes from the first byte (Python hashing up to the budget and numba's start after it
+    would cost more than the start alone)."""
+    global _python_left
+    if nbytes > _python_left:
+        _python_left = 0
 
 
 def xxh64(buf: np.ndarray) -> int:
