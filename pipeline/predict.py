@@ -5,12 +5,14 @@ import os
 
 import numpy as np
 
-from pipeline.formats import libsvm
+from pipeline.evaluate import csr_scores
 
 CHUNK = 32 << 20
 
 
 def _rows_of_text(path: str, zero_based: bool):
+    from pipeline.formats import libsvm  # numba: a store's rows are scored without it
+
     line0 = 0
     with open(path, "rb") as f:
         for buf in libsvm.line_chunks(f, CHUNK):
@@ -27,13 +29,13 @@ def predict_to_file(model, input_path: str, out_path: str, zero_based: bool = Fa
     if os.path.isdir(input_path):
         from pipeline.store.reader import open_store
 
-        mats = ((b.indptr, b.indices, b.data) for b in open_store(input_path).blocks("all"))
+        st = open_store(input_path)
+        st.expect_reads(st.entries("all"))
+        mats = ((b.indptr, b.indices, b.data) for b in st.blocks("all"))
     else:
         if os.path.isfile(input_path) and os.path.getsize(input_path) == 0:
             raise ValueError(f"{input_path}: empty input (0 bytes); nothing to predict")
         mats = _rows_of_text(input_path, zero_based)
-    from pipeline.kernels.sgd import predict_block
-
     w = model.dense_weights()  # once, not per block; columns beyond the model count 0 (as decision_function)
     tmp = out_path + ".tmp"
     n = 0
@@ -41,8 +43,7 @@ def predict_to_file(model, input_path: str, out_path: str, zero_based: bool = Fa
     try:
         with open(tmp, "w", encoding="utf-8") as f:
             for indptr, indices, data in mats:
-                s = np.empty(indptr.shape[0] - 1, dtype=np.float64)
-                predict_block(indptr, indices, data, w, float(model.bias), s)
+                s = csr_scores(indptr, indices, data, w, model.bias)
                 lab = s if regression else np.where(s > 0, 1, -1)
                 f.write("".join(f"{a:g} {b:.9g}\n" if regression else f"{a:+d} {b:.9g}\n" for a, b in zip(lab, s)))
                 n += s.shape[0]

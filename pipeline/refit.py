@@ -232,7 +232,7 @@ class RefitProblem:
     """F(w, b) and its gradient over the training blocks of a store, for weights on ``support``."""
 
     def __init__(self, store_path: str, support, *, l2: float, loss: str = "logistic", client=None,
-                 blocks=None, cache_bytes: int = DEFAULT_CACHE_BYTES, split=(0.0, 0)):
+                 blocks=None, cache_bytes: int = DEFAULT_CACHE_BYTES, split=(0.0, 0), progress=None):
         from pipeline.engine import DataRef, DaskExec, LocalExec
         from pipeline.store.reader import open_store
 
@@ -263,6 +263,7 @@ class RefitProblem:
         self.sup_ref = client.scatter(self.support, broadcast=True, hash=False) if client is not None else self.support
         self.evaluations = 0
         self.eval_seconds = 0.0
+        self.progress = progress  # called with the evaluation count after every evaluation
         self._store, self._scale, self._stats = st, None, None
         self.cache_bytes = self.fitting_cache(self.cache_bytes)
 
@@ -353,6 +354,8 @@ class RefitProblem:
         g[-1] = tot[1] / n
         self.evaluations += 1
         self.eval_seconds += time.perf_counter() - t0
+        if self.progress is not None:
+            self.progress(self.evaluations)
         return float(f), g
 
 
@@ -484,7 +487,7 @@ def kkt_expand(prob: RefitProblem, x, res, l1: float, rounds: int, max_iter: int
         theta[np.searchsorted(support, prob.support)] = x[:-1]
         theta[-1] = x[-1]
         prob = RefitProblem(prob._store.path, support, l2=prob.l2, loss=prob.loss, client=prob.client,
-                            blocks=prob.data.keys, cache_bytes=prob.cache_bytes)
+                            blocks=prob.data.keys, cache_bytes=prob.cache_bytes, progress=prob.progress)
         x, res = solve(prob, theta, l1, "all", max_iter, tol)
         evaluations += prob.evaluations
         report["rounds"] += 1
@@ -496,14 +499,15 @@ def kkt_expand(prob: RefitProblem, x, res, l1: float, rounds: int, max_iter: int
 def refit(model, store_path: str, client=None, l2: float = DEFAULT_L2, max_iter: int = DEFAULT_MAX_ITER,
           loss: str | None = None, tol: float = DEFAULT_TOL, blocks=None,
           cache_bytes: int = DEFAULT_CACHE_BYTES, l1: float | str = DEFAULT_L1,
-          validation: float = VALIDATION_FRACTION, kkt_rounds: int | None = KKT_ROUNDS):
+          validation: float = VALIDATION_FRACTION, kkt_rounds: int | None = KKT_ROUNDS, progress=None):
     """The model refitted on its own support S (see the module docstring); returns a new
     :class:`pipeline.model.Model` (the sparse learner's optimiser state kept; ``meta["refit"]`` records the refit).
 
     ``l1``: the L1 penalty on S (0: L2 only); "auto" picks it on a ``validation`` share of the training rows
     (:func:`l1_path`), then refits on all of them at that penalty. ``kkt_rounds`` (l1 > 0; None: off): 0 checks the
     KKT conditions of the L1 problem on all columns (one pass over the training blocks' full rows,
-    :func:`kkt_expand`), N > 0 also lets columns outside S that violate them join the support (up to N rounds)."""
+    :func:`kkt_expand`), N > 0 also lets columns outside S that violate them join the support (up to N rounds).
+    ``progress(n)`` is called after the n-th evaluation of the objective (a pass over the training blocks)."""
     from pipeline.model import Model
 
     t0 = time.time()
@@ -526,7 +530,7 @@ def refit(model, store_path: str, client=None, l2: float = DEFAULT_L2, max_iter:
         l1, rule = 0.0, f"rows >= {AUTO_ROWS_PER_COLUMN} x |S|: L2 only"
     split = (validation, int(model.meta.get("seed", 0) or 0)) if l1 == "auto" else (0.0, 0)
     prob = RefitProblem(store_path, support, l2=l2, loss=loss, client=client, blocks=blocks,
-                        cache_bytes=cache_bytes, split=split)
+                        cache_bytes=cache_bytes, split=split, progress=progress)
     x0 = np.append(w0, float(model.bias))
     f0, g0 = prob.evaluate(x0)
     active, phi = None, None

@@ -36,7 +36,8 @@ FAULT_POINTS = {
     "after_validate": "the new generation is validated, nothing trained",
     "during_train": "a pass/stage of training finished, its checkpoint not yet written",
     "after_checkpoint": "a pass's checkpoint is written (N: the N-th pass of this process)",
-    "after_train": "the candidate is trained, not evaluated",
+    "during_refit": "the [refit] step evaluated its objective (N: the N-th time), the refitted model not yet made",
+    "after_train": "the candidate is trained (and refitted with [refit]), not evaluated",
     "after_evaluate": "metrics and decision recorded, nothing registered",
     "during_promote": "the candidate's model file is in the registry, the index does not list it yet",
     "after_register": "the candidate is listed in the index, the production pointer not moved",
@@ -499,6 +500,7 @@ def _run_locked(cfg, reg, lock, clients, new_inputs, force, steps, t_all, say):
         # checkpoint again, identically
 
         candidate = refit(candidate, st.path, client=clients.train_client(), blocks=train_keys,
+                          progress=lambda n: fault("during_refit"),
                           **{k: v for k, v in cfg.refit.items() if k != "enabled"})
         r = candidate.meta["refit"]
         tinfo.update(refit={k: r[k] for k in ("l1", "l2", "nnz_before", "nnz", "iterations", "seconds")},

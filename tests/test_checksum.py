@@ -1,7 +1,9 @@
-"""Block checksums: the numba XXH64 against the specification's test vectors and a pure-Python reference."""
+"""Block checksums: the numba XXH64 kernel and checksum.xxh64_python (the path of processes without numba) against
+the specification's test vectors and a one-operation-at-a-time reference."""
 import numpy as np
 import pytest
 
+from pipeline.kernels.xxh64 import xxh64 as xxh64_kernel
 from pipeline.store import checksum
 
 M = (1 << 64) - 1
@@ -49,14 +51,18 @@ def reference_xxh64(data: bytes, seed: int = 0) -> int:
 
 
 def kernel(data: bytes, seed: int = 0) -> int:
-    return int(checksum.xxh64(np.frombuffer(data, np.uint8).copy(), np.uint64(seed)))
+    return int(xxh64_kernel(np.frombuffer(data, np.uint8).copy(), np.uint64(seed)))
+
+
+def python(data: bytes, seed: int = 0) -> int:
+    return checksum.xxh64_python(np.frombuffer(data, np.uint8), seed)
 
 
 @pytest.mark.parametrize("text,want", [(b"", 0xEF46DB3751D8E999), (b"a", 0xD24EC4F1A98C6E5B),
                                        (b"abc", 0x44BC2CF5AD770999),
                                        (b"Nobody inspects the spammish repetition", 0xFBCEA83C8A378BF1)])
 def test_xxh64_test_vectors(text, want):
-    assert reference_xxh64(text) == want and kernel(text) == want
+    assert reference_xxh64(text) == want and kernel(text) == want and python(text) == want
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2**64 - 1])
@@ -64,7 +70,35 @@ def test_xxh64_equals_reference_for_every_tail_length(seed):
     rng = np.random.default_rng(seed % 1000)
     for n in list(range(0, 80)) + [1000, 4099]:
         data = rng.integers(0, 256, n, dtype=np.uint8).tobytes()
-        assert kernel(data, seed) == reference_xxh64(data, seed), n
+        assert kernel(data, seed) == reference_xxh64(data, seed) == python(data, seed), n
+
+
+def test_python_xxh64_equals_kernel_on_block_arrays():
+    """Long inputs (many stripes) and unaligned starts (a slice one byte in), as _bytes gives them."""
+    rng = np.random.default_rng(3)
+    raw = rng.integers(0, 256, (1 << 20) + 77, dtype=np.uint8)
+    for buf in (raw, raw[1:], raw[5:4101]):
+        assert checksum.xxh64_python(buf) == int(xxh64_kernel(np.ascontiguousarray(buf), np.uint64(0)))
+
+
+def test_checksum_same_with_and_without_numba_path(monkeypatch):
+    """The Python budget decides which implementation hashes, never the checksum; past it, the kernel."""
+    rng = np.random.default_rng(4)
+    arrays = (np.arange(101, dtype=np.int64), rng.integers(0, 1 << 30, 3000).astype(np.int32),
+              rng.random(3000).astype(np.float32), rng.choice([-1.0, 1.0], 100).astype(np.float32))
+    seen, python_xxh64 = [], checksum.xxh64_python
+    monkeypatch.setattr(checksum, "xxh64_python", lambda buf: seen.append(buf.nbytes) or python_xxh64(buf))
+    monkeypatch.setattr(checksum, "numba_started", lambda: False)
+    monkeypatch.setattr(checksum, "_python_left", 1 << 30)
+    by_python = checksum.checksum(*arrays)
+    assert len(seen) == 5  # four arrays and the digests, all in Python
+    monkeypatch.setattr(checksum, "_python_left", 0)
+    assert checksum.checksum(*arrays) == by_python and len(seen) == 5  # all in the kernel
+    monkeypatch.setattr(checksum, "_python_left", 1 << 20)
+    checksum.expect(1 << 19)  # a command announcing reads within the budget: Python still
+    assert checksum.checksum(*arrays) == by_python and len(seen) == 10
+    checksum.expect(1 << 20)  # more than is left: the kernel from the first byte
+    assert checksum.checksum(*arrays) == by_python and len(seen) == 10
 
 
 def test_block_checksum_and_old_crc32_both_verify():

@@ -371,6 +371,33 @@ def test_predict_block_wider_store(idx_dtype, data_dtype):
     predict_block(np.zeros(1, np.int64), indices[:0], data[:0], w, 0.25, out[:0])
 
 
+@pytest.mark.parametrize("idx_dtype,data_dtype", [(np.int64, np.float64), (np.int32, np.float32)])
+def test_numpy_scores_equal_predict_block_bit_for_bit(idx_dtype, data_dtype, monkeypatch):
+    """evaluate.csr_scores without numba (np.bincount, what evaluate and predict use in a process that has not
+    started numba) gives the kernel's scores to the bit: wider store, empty rows, long rows, a row range."""
+    import pipeline.evaluate as ev
+
+    monkeypatch.setattr(ev, "numba_started", lambda: False)
+    rng = np.random.default_rng(21)
+    p, p_store, n = 300, 420, 400
+    X = sp.random(n, p_store, density=0.2, format="csr", random_state=rng,
+                  data_rvs=lambda k: rng.normal(size=k) * 10.0 ** rng.integers(-6, 6, k))
+    X = sp.vstack([X, sp.csr_matrix((3, p_store)), sp.random(2, p_store, density=1.0, format="csr",
+                                                                random_state=rng)]).tocsr()
+    w = rng.normal(size=p) * 10.0 ** rng.integers(-4, 4, p) * (rng.random(p) < 0.6)
+    indptr, indices, data = csr_arrays(X, idx_dtype, data_dtype)
+    want = np.empty(X.shape[0])
+    predict_block(indptr, indices, data, w, -0.3, want)
+    got = ev.csr_scores(indptr, indices, data, w, -0.3)
+    assert got.dtype == np.float64 and np.array_equal(got.view(np.int64), want.view(np.int64))
+    dense = X.toarray().astype(data_dtype).astype(np.float64)[:, :p] @ w - 0.3  # BLAS: another order of the sums
+    assert np.allclose(got, dense) and not np.array_equal(got, dense)  # ... which the test can tell
+    sub = slice(100, 260)  # rows of a larger CSR (indptr not starting at 0)
+    got = ev.csr_scores(indptr[sub.start:sub.stop + 1], indices, data, w, -0.3)
+    assert np.array_equal(got.view(np.int64), want[sub.start:sub.stop].view(np.int64))
+    assert ev.csr_scores(np.zeros(1, np.int64), indices[:0], data[:0], w, 0.5).shape == (0,)
+
+
 def test_flush_idempotent_and_resets_state():
     X, y = make_block(seed=16)
     rows = two_passes(X.shape[0])

@@ -113,7 +113,7 @@ def snapshot(d):
     for name in out["model_files"]:
         m = load_model(os.path.join(reg.models_dir, name))
         out["weights"][name] = (m.coef_indices.tobytes(), m.coef_values.tobytes(), m.bias,
-                                tuple((k, v.tobytes()) for s in m.states for k, v in sorted(s.items())))
+                                tuple((k, v.tobytes()) for s in m.states or () for k, v in sorted(s.items())))
     man = read_manifest(os.path.join(d, "store.zarr"))
     out["store"] = {"version": man["manifest_version"], "n_features": man["n_features"],
                     "blocks": [(b["key"], b["rows"], b["nnz"], b["checksum"], b["split"], b["generation"])
@@ -332,14 +332,23 @@ def test_train_generations_window_reads_only_the_newest_generations(base2, tmp_p
     assert m.meta["holdout"]["n_rows"] == only.meta["holdout"]["n_rows"] < both.meta["holdout"]["n_rows"]
 
 
-def test_refit_in_the_nightly_job(days, tmp_path):
+REFIT = '[refit]\nenabled = true\nl1 = 1e-3\nmax_iter = 50\n'
+
+
+@pytest.fixture(scope="module")
+def refit1(tmp_path_factory, days):
+    """Night 1 of a [refit]-enabled job, uninterrupted."""
+    d = str(tmp_path_factory.mktemp("refit1"))
+    _job(d, REFIT)
+    return d, _run(d, [days[1]])
+
+
+def test_refit_in_the_nightly_job(refit1, days, tmp_path):
     """[refit] enabled: the candidate that is gated and registered is the refitted model (support within the
     trained one, metrics of the refitted weights); a re-run of the night is a no-op; bad [refit] keys are refused."""
     from pipeline.evaluate import evaluate_store
 
-    d = str(tmp_path / "job")
-    _job(d, '[refit]\nenabled = true\nl1 = 1e-3\nmax_iter = 50\n')
-    code, res = _run(d, [days[1]])
+    d, (code, res) = refit1
     assert code == EXIT_OK and res["status"] == "promoted", res
     prod = open_registry(os.path.join(d, "models")).production()
     info = prod.meta["refit"]
@@ -355,3 +364,23 @@ def test_refit_in_the_nightly_job(days, tmp_path):
                      ('[refit]\nenabled = 1\n', "refit.enabled")):
         with pytest.raises(ValueError, match=msg):
             load_job(_job(str(tmp_path / "bad"), bad))
+
+
+def test_kill_9_during_refit_then_rerun_equals_uninterrupted(refit1, days, tmp_path):
+    """A [refit]-enabled night SIGKILLed inside the refit (its 3rd objective evaluation, after every pass is
+    checkpointed) and run again ends with the registry and store of the uninterrupted night, bit for bit: the
+    re-run resumes the checkpoint and refits it again (the unrefitted checkpoint's weights would differ)."""
+    d = str(tmp_path / "night")
+    _job(d, REFIT)
+    env = {**os.environ, "SPARSEPIPE_FAULT": "during_refit:3"}
+    p = subprocess.run([sys.executable, "-m", "cli.main", "retrain", "--config", os.path.join(d, "job.toml"),
+                        "--new", days[1]], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert p.returncode == -9, p.stderr[-2000:]
+    reg = open_registry(os.path.join(d, "models"))
+    state = reg.run_state(refit1[1][1]["run"])  # the same night: the same run id
+    assert state["parent"] is None and "trained" not in state  # killed inside the refit, nothing registered
+    code, res = _run(d, [days[1]])
+    assert code == EXIT_OK and res["resumed"] and res["candidate"]["resumed_from_checkpoint_pass"] == 3
+    want = dict(refit1[1][1]["candidate"]["refit"], seconds=res["candidate"]["refit"]["seconds"])
+    assert res["candidate"]["refit"] == want
+    assert snapshot(d) == snapshot(refit1[0])

@@ -135,6 +135,43 @@ def test_no_verify_reads_a_block_with_a_wrong_value(good, tmp_path):
         open_store(st_path).to_dask("train").sum().compute(scheduler="synchronous")
 
 
+def test_evaluate_and_predict_verify_and_score_without_starting_numba(good, tmp_path):
+    """On a small store, evaluate and predict check every block's XXH64 and score in Python/NumPy without
+    starting numba (~0.6 s of a short command): the same metrics and predictions as this process's numba
+    kernels, and a damaged block is still refused (exit 5)."""
+    from pipeline.evaluate import evaluate_store
+    from pipeline.model import load_model
+    from pipeline.predict import predict_to_file
+
+    run = ("import runpy, sys\nsys.argv = ['sparsepipe', *sys.argv[1:]]\ntry:\n"
+           "    runpy.run_module('cli.main', run_name='__main__')\nfinally:\n"
+           "    print('numba started' if 'numba' in sys.modules else 'no numba', file=sys.stderr)\n")
+
+    def cli_no_numba(*args, numba="no numba"):
+        r = subprocess.run([sys.executable, "-c", run, *map(str, args)], capture_output=True, text=True, env=ENV,
+                           timeout=300)
+        assert r.stderr.strip().splitlines()[-1] == numba, r.stderr
+        return r
+
+    model = tmp_path / "m.npz"
+    assert cli("train", good, "--out", model, "--passes", "1", "--algo", "sgd").returncode == 0
+    import pipeline.kernels.sgd  # noqa: F401  (numba started here: this process hashes and scores with the kernels)
+    assert "numba" in sys.modules
+    r = cli_no_numba("evaluate", model, good, "--split", "all", "--json")
+    assert r.returncode == 0, r.stderr
+    got = json.loads(r.stdout)
+    want = evaluate_store(load_model(model), str(good), "all")
+    assert {k: got[k] for k in ("n_rows", "error", "auc", "logloss", "hinge")} == \
+        {k: want[k] for k in ("n_rows", "error", "auc", "logloss", "hinge")}
+    assert cli_no_numba("predict", model, good, "--out", tmp_path / "p.txt").returncode == 0
+    predict_to_file(load_model(model), str(good), str(tmp_path / "q.txt"))
+    assert (tmp_path / "p.txt").read_bytes() == (tmp_path / "q.txt").read_bytes()
+    st_path = _copy(good, tmp_path)
+    _damage(st_path, open_store(st_path).entries("holdout")[0]["key"], "raw:data")
+    r = cli_no_numba("evaluate", model, st_path, numba="numba started")  # the error path imports IngestError
+    assert r.returncode == 5 and "corrupt" in r.stderr, r.stderr
+
+
 def test_a_manifest_listing_a_missing_block(good, tmp_path):
     st_path = _copy(good, tmp_path)
     man = fmt.read_manifest(str(st_path))

@@ -189,6 +189,15 @@ class Store:
         return Block(e["key"], f"{self.path}/blocks/{e['key']}", e, self.n_features, self.path,
                      self.manifest.get("sources"), self.verify)
 
+    def expect_reads(self, entries) -> None:
+        """Before reading the blocks of ``entries``: their decoded size, for the checksum's choice between its
+        Python hash and the numba kernel (:func:`pipeline.store.checksum.expect`)."""
+        from pipeline.store import checksum
+
+        m = self.manifest
+        per_nnz = np.dtype(m.get("indices_dtype", "int32")).itemsize + np.dtype(m.get("data_dtype", "float32")).itemsize
+        checksum.expect(sum(12 * int(e["rows"]) + per_nnz * int(e["nnz"]) for e in entries))
+
     def blocks(self, split: str = "train"):
         """Yield the blocks of ``split`` in row order."""
         for e in self.entries(split):
