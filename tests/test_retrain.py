@@ -358,7 +358,9 @@ def test_refit_in_the_nightly_job(refit1, days, tmp_path):
     assert res["candidate"]["metrics"]["error"] == pytest.approx(evaluate_store(prod, st, "holdout")["error"])
     code, again = _run(d, [days[1]])  # the same night again: a no-op reporting the earlier decision
     assert code == EXIT_OK and again["noop"] and again["earlier_status"] == "promoted"
-    code, night2 = _run(d, [days[2]])  # resumes the learner's state kept in the refitted production
+    d2 = _copy(d, tmp_path / "night2")  # a copy: the fixture's night is the kill test's reference
+    _job(d2, REFIT)
+    code, night2 = _run(d2, [days[2]])  # resumes the learner's state kept in the refitted production
     assert code == EXIT_OK and night2["candidate"]["exact_resume"] is True, night2
     for bad, msg in (('[refit]\nenabled = true\nl3 = 1\n', "refit.l3"), ('[refit]\nl1 = "x"\n', "refit.l1"),
                      ('[refit]\nenabled = 1\n', "refit.enabled")):
