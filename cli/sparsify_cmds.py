@@ -8,7 +8,8 @@ from typing import Optional
 import typer
 
 from cli.app import app, apply_verify, emit_json, fail, no_verify_option, user_errors
-from cli.model_cmds import refit_iters_option, refit_kkt_option, refit_l1_option, refit_l2_option, refit_options
+from cli.model_cmds import (refit_iters_option, refit_kkt_option, refit_l1_option, refit_l2_option, refit_options,
+                            refit_relax_option)
 
 
 @app.command()
@@ -61,6 +62,7 @@ def refit(
     l2: Optional[float] = refit_l2_option("--l2"),
     iters: Optional[int] = refit_iters_option("--iters"),
     kkt: Optional[int] = refit_kkt_option("--kkt"),
+    relax: bool = refit_relax_option("--relax"),
     workers: Optional[int] = typer.Option(None, "--workers", min=1, help="Start a local cluster of N processes "
                                                                          "(default: threads in this process)."),
     scheduler: Optional[str] = typer.Option(None, "--scheduler", help="Join this Dask scheduler instead."),
@@ -75,7 +77,7 @@ def refit(
     from pipeline.store.reader import open_store
     from pipeline.train import refit_model
 
-    options = refit_options(True, l2, iters, l1, kkt, l1_flag="--l1")
+    options = refit_options(True, l2, iters, l1, kkt, relax, l1_flag="--l1")
     try:
         m = load_model(model)
         st = open_store(str(store))

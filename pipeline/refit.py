@@ -6,9 +6,9 @@ weights supported on S only, plus an unregularised bias:
     F(w, b) + l1·‖w‖₁,   F(w, b) = (1/n) Σ_{training rows} ℓ(x_S·w + b, y) + (l2/2)·‖w‖²
 
 Meinshausen's relaxed lasso: the second lasso on S, with its own penalty. ``l1 = "auto"`` (the default) chooses
-it on a seeded 20% of the training rows along a warm-started path (:func:`l1_path`: lasso points λ and relaxed
-points φ·λ on the lasso's support at λ, one-standard-error rule) and refits on all rows; ``l1 = 0`` is the plain
-L2 refit. S is screened by the online learner; the refit is the
+it on a seeded 20% of the training rows along a warm-started path (:func:`l1_path`: lasso points λ and, with
+``relax``, relaxed points φ·λ on the lasso's support at λ; one-standard-error rule) and refits on all rows;
+``l1 = 0`` is the plain L2 refit. S is screened by the online learner; the refit is the
 exact solver on it (an L1 solve on S equals the one on all columns whenever S holds that solution's support).
 
 Every function evaluation is exact and full-batch: a map over the store's training blocks (holdout blocks are
@@ -65,10 +65,13 @@ VALIDATION_FRACTION = 0.2  # training rows set aside to choose the refit's L1 pe
 # support of 12,385 columns) the path took 9 points, 560 evaluations, and chose λ = 2.7e-6: holdout error 11.0%
 # at 5,224 non-zeros (the L2-only refit: 12.9% at 12,385; LIBLINEAR's best L1-LR on all columns: 10.2%).
 PATH_PER_DECADE, PATH_DECADES, PATH_PATIENCE, PATH_MAX_ITER = 3, 4.0, 2, 60
-# The relaxed lasso's φ (penalty on S_λ as a share of λ). Measured in memory (scikit-learn's liblinear on stsgd's S
-# at 35k webspam-like rows, 80/20 split as here): the lasso's best validation loss 0.2575 (C = 5, holdout 11.1%);
-# relaxed φ = 1/2 at the same λ 0.2403 (holdout 10.3%); φ = 1/4 was best one step sparser (C = 3: holdout 10.1%);
-# φ = 1/10 overfits at C >= 3.
+# The relaxed lasso's φ (penalty on S_λ as a share of λ; `relax=True`, off by default). Measured in memory
+# (scikit-learn's liblinear on stsgd's S at 35k webspam-like rows, 80/20 split as here): the lasso's best validation
+# loss 0.2575 (C = 5, holdout 11.1%); relaxed φ = 1/2 at the same λ 0.2403 (holdout 10.3%); φ = 1/4 was best one
+# step sparser (C = 3: holdout 10.1%); φ = 1/10 overfits at C >= 3. Through the refit (stsgd's S, 35k rows): 10.81%
+# at 3,544 non-zeros, recall 0.76 (lasso path 11.05% at 5,228, recall 0.83) for twice the evaluations; on the
+# shared sets (benchmarks/defaults.py) mixed: dexter's 60 validation rows let the one-SE rule pick far sparser
+# relaxed fits (ftrl+refit 9.0% -> 14.0%, 10.3% -> 17.0%), news20 ftrl+refit 6.04 -> 5.45% / 6.16 -> 6.83%.
 RELAX = (0.5, 0.25, 0.125)
 # "auto" takes l1 = 0 (the plain L2 refit, no path) when the training rows are at least AUTO_ROWS_PER_COLUMN
 # times |S|: with that many rows per selected column the penalty's choice no longer moves the solution. Measured:
@@ -85,7 +88,7 @@ KKT_ROUNDS, KKT_TOL, GRADIENT_WINDOW = None, 1e-3, 16
 
 # Algorithms whose `train` refits by default (`--no-refit` turns it off; the nightly job's [refit] enabled too).
 # STSGD's truncation selects well and shrinks what it keeps: at 35k webspam-like rows x 16.6M features its model
-# alone has 17.7% holdout error, refitted 11.05% (the relaxed path: see docs/results.md); at 350k rows 10.81%
+# alone has 17.7% holdout error, refitted 11.05% (the validated L1 path: docs/results.md); at 350k rows 10.81%
 # against 5.90% (+157 s on 133 s of training); on the shared sets it is within 1 point of tg's best at half its
 # density on 9 of 12 (set, loss) pairs refitted, 3 of 12 alone (benchmarks/defaults.py). TG's supports are ~4%
 # dense at that width (a refit there is a full-width solve), the others are off by default.
@@ -499,7 +502,8 @@ def kkt_expand(prob: RefitProblem, x, res, l1: float, rounds: int, max_iter: int
 def refit(model, store_path: str, client=None, l2: float = DEFAULT_L2, max_iter: int = DEFAULT_MAX_ITER,
           loss: str | None = None, tol: float = DEFAULT_TOL, blocks=None,
           cache_bytes: int = DEFAULT_CACHE_BYTES, l1: float | str = DEFAULT_L1,
-          validation: float = VALIDATION_FRACTION, kkt_rounds: int | None = KKT_ROUNDS, progress=None):
+          validation: float = VALIDATION_FRACTION, kkt_rounds: int | None = KKT_ROUNDS, progress=None,
+          relax: bool = False):
     """The model refitted on its own support S (see the module docstring); returns a new
     :class:`pipeline.model.Model` (the sparse learner's optimiser state kept; ``meta["refit"]`` records the refit).
 
@@ -507,7 +511,8 @@ def refit(model, store_path: str, client=None, l2: float = DEFAULT_L2, max_iter:
     (:func:`l1_path`), then refits on all of them at that penalty. ``kkt_rounds`` (l1 > 0; None: off): 0 checks the
     KKT conditions of the L1 problem on all columns (one pass over the training blocks' full rows,
     :func:`kkt_expand`), N > 0 also lets columns outside S that violate them join the support (up to N rounds).
-    ``progress(n)`` is called after the n-th evaluation of the objective (a pass over the training blocks)."""
+    ``progress(n)`` is called after the n-th evaluation of the objective (a pass over the training blocks).
+    ``relax`` (l1 "auto", no KKT check): the path also scores Meinshausen's relaxed fits (:func:`l1_path`)."""
     from pipeline.model import Model
 
     t0 = time.time()
@@ -535,7 +540,7 @@ def refit(model, store_path: str, client=None, l2: float = DEFAULT_L2, max_iter:
     f0, g0 = prob.evaluate(x0)
     active, phi = None, None
     if l1 == "auto":
-        relax = () if kkt_rounds is not None else RELAX  # the KKT check certifies the lasso's optimum, not φ < 1
+        relax = RELAX if relax and kkt_rounds is None else ()  # the KKT check certifies the lasso's optimum
         l1, x0, active, path = l1_path(prob, min(max_iter, PATH_MAX_ITER), tol, relax=relax)
         phi = next(p["phi"] for p in path if p.get("chosen"))
         rule = "validated path" + (" (relaxed)" if relax else "")

@@ -203,7 +203,7 @@ def test_auto_l1_is_chosen_on_training_rows_only_and_keeps_a_subset_of_s(wide):
     """The validated path: the chosen penalty is a path point, the path's validation losses come from training
     rows (never the holdout), the result is supported on S with exact zeros, and the split is seeded."""
     store, model = wide
-    r = refit(model, store)
+    r = refit(model, store, relax=True)
     info = r.meta["refit"]
     path = info["l1_path"]
     chosen = [p for p in path if p.get("chosen")]
@@ -219,8 +219,10 @@ def test_auto_l1_is_chosen_on_training_rows_only_and_keeps_a_subset_of_s(wide):
         point = next(q for q in lasso if q["l1"] == p["l1_select"])
         assert p["l1"] == pytest.approx(p["phi"] * point["l1"]) and p["nnz"] <= point["nnz"]
     assert set(r.coef_indices.tolist()) <= set(model.coef_indices.tolist()) and r.nnz < model.nnz
-    again = refit(model, store)
+    again = refit(model, store, relax=True)
     np.testing.assert_array_equal(again.coef_values, r.coef_values)
+    plain = refit(model, store).meta["refit"]  # the default path: lasso points only
+    assert plain["relax"] == 1.0 and all(p["phi"] == 1.0 for p in plain["l1_path"])
 
 
 def test_relaxed_solve_holds_inactive_columns_at_zero_and_equals_the_solve_on_the_subset(wide):
@@ -258,7 +260,7 @@ def test_auto_is_the_l2_refit_when_rows_are_many_per_selected_column(small, wide
     assert auto.meta["refit"]["l1_rule"].startswith("rows >=")
     np.testing.assert_array_equal(auto.coef_values, l2.coef_values)
     assert wide[1].nnz * AUTO_ROWS_PER_COLUMN > rows
-    assert refit(wide[1], store, max_iter=5).meta["refit"]["l1_rule"] == "validated path (relaxed)"
+    assert refit(wide[1], store, max_iter=5).meta["refit"]["l1_rule"] == "validated path"
 
 
 def test_validation_rows_are_seeded_per_block():
@@ -402,6 +404,15 @@ def test_cli_train_refit_end_to_end(small, tmp_path):
                                   "--passes", "2", "--refit", "--refit-l1", "0", "--json"])
     assert r4.exit_code == 0, r4.output
     assert json.loads(r4.stdout[r4.stdout.index("{"):])["refit"]["l1"] == 0.0
+    # stsgd refits by default; --no-refit returns the learner's weights; --refit-relax needs a refit
+    on, off = tmp_path / "on.npz", tmp_path / "off.npz"
+    for out, extra in ((on, ["--refit-l1", "0"]), (off, ["--no-refit"])):
+        r5 = CliRunner().invoke(app, ["train", store, "--out", str(out), "--algo", "stsgd", "--passes", "1", *extra])
+        assert r5.exit_code == 0, r5.output
+    assert load_model(on).meta["refit"]["l1"] == 0.0 and "refit" not in load_model(off).meta
+    assert load_model(on).meta["refit"]["nnz_before"] == load_model(off).nnz
+    r6 = CliRunner().invoke(app, ["train", store, "--out", str(tmp_path / "w.npz"), "--refit-relax"])
+    assert r6.exit_code == 2 and "--refit-relax" in r6.output and not (tmp_path / "w.npz").exists()
 
 
 def test_cli_refit_command_equals_the_api_and_leaves_the_input(small, tmp_path):
