@@ -13,12 +13,14 @@ block cache is off (``pipeline.engine.cache_budget`` patched to 0 in the command
 workers use), as it is at webspam scale: a 35k-row store at full width would otherwise fit the 1 GiB cache and its
 blocks would add up to 1 GB to each worker.
 
-For each algorithm (defaults): every array of one path's state (``path``: what it keeps between stages), of the
-working state a stage's task advances when it differs from a private copy (``work``: STSGD expands its compact state)
-and of the global state, its dtype and bytes; then the per-worker estimate with one path per worker
-(pipeline.memory.worker_need, the one ``train`` checks against the workers' memory_limit): the state the task
-receives plus the task's working copy (tasks are pure: they advance a copy), the global state, the stage-end merge
-and a process baseline of 0.3 GB. The block cache is 0 at webspam scale
+For each algorithm (defaults): every array of one path's state (``path``: what it keeps between stages, fresh;
+``path, all non-zero``: the same state at its largest, :meth:`Algorithm.full_state`, where a compact state grows with
+the features a path has seen, as two-stage's and l1proj's do), of the working state a stage's task advances when it
+differs from a private copy (``work``: STSGD, l1proj and two-stage expand their compact states) and of the global
+state, its dtype and bytes; then the per-worker estimate with one path per worker (pipeline.memory.worker_need, the
+one ``train`` checks against the workers' memory_limit): the state the task receives at its largest
+(``path_state_MB``; ``path_fresh_MB`` the fresh one) plus the task's working copy (tasks are pure: they advance a
+copy), the global state, the stage-end merge and a process baseline of 0.3 GB. The block cache is 0 at webspam scale
 (see pipeline.engine.cache_budget) and the decoded blocks of one shuffle window (4 x 64 MB blocks) come on
 top. Measured per-process peaks of whole runs are in benchmarks/webspam.py's output.
 """
@@ -48,10 +50,14 @@ def account(name: str, p: int) -> tuple[list[dict], dict]:
     algo = make_algorithm(name, {})
     rows = []
     state = algo.init_path(p, 0)
-    work = algo.working_state(copy_state(state))
-    for where, st in (("path", state), ("work", work)):
-        if where == "work" and st.keys() == state.keys():
+    full = algo.full_state(p)  # the largest state kept between stages (a compact one, every feature non-zero)
+    work = algo.working_state(copy_state(full))
+    for where, st in (("path", state), ("path, all non-zero", full), ("work", work)):
+        if where == "work" and st.keys() == full.keys():
             continue  # the task's private copy of the path state
+        if where == "path, all non-zero" and full.keys() == state.keys() and \
+                all(v.nbytes == state[k].nbytes for k, v in full.items()):
+            continue  # does not grow
         for k, v in st.items():
             rows.append({"algo": name, "where": where, "array": k, "dtype": str(v.dtype), "shape": str(v.shape),
                          "MB": round(v.nbytes / 1e6, 1)})
@@ -61,9 +67,10 @@ def account(name: str, p: int) -> tuple[list[dict], dict]:
         if v.nbytes > 1 << 16:
             rows.append({"algo": name, "where": "global", "array": k, "dtype": str(v.dtype), "shape": str(v.shape),
                          "MB": round(v.nbytes / 1e6, 1)})
-    del state, work, g
+    del state, full, work, g
     need = worker_need(algo, p, 1)  # the estimate train checks against the workers' memory_limit
-    return rows, {"algo": name, "path_state_MB": round(need["path"] / 1e6, 1),
+    return rows, {"algo": name, "path_fresh_MB": round(need["path_fresh"] / 1e6, 1),
+                  "path_state_MB": round(need["path"] / 1e6, 1),
                   "working_MB": round(need["work"] / 1e6, 1), "exchange_MB": round(need["exchange"] / 1e6, 1),
                   "global_MB": round(need["global"] / 1e6, 1),
                   "worker_estimate_MB": round(need["total"] / 1e6, 1)}
@@ -233,7 +240,7 @@ def main(argv=None):
         totals.append(t)
         print(t, flush=True)
     report("memory", {"features": a.features, "arrays": arrays, "totals": totals}, totals,
-           ["algo", "path_state_MB", "working_MB", "global_MB", "exchange_MB", "worker_estimate_MB"])
+           ["algo", "path_fresh_MB", "path_state_MB", "working_MB", "global_MB", "exchange_MB", "worker_estimate_MB"])
 
 
 if __name__ == "__main__":

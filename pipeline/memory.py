@@ -5,14 +5,17 @@ pure: they advance a private copy, :meth:`Algorithm.working_state` of it), the g
 two paths' summaries, the block cache budget and a process baseline (a Dask worker with NumPy, numba and the kernels
 loaded: ~0.3 GB measured). State sizes are linear in the width; they are measured from the algorithm's own
 ``init_path``/``working_state``/``init_global`` at two small widths and extrapolated, so nothing of the real width is
-allocated. At webspam width (16,609,143 features) tg's path state is 266 MB (twice: 1.10 GB per worker, measured
-1.08 GB); stsgd keeps 2 MB between stages (its settled state, ``STSGD.settle``: Ω as bits, the non-zero weights) and
-works on 599 MB during a stage: 1.25 GB per worker, measured 1.16 GB; l1proj keeps its non-zero weights and builds
-its 548 MB treap inside the task: 1.11 GB (was 1.66 GB), measured 0.86 GB (was 1.82 GB) on 3,000 rows; two-stage
-keeps the non-zeros of its arrays and expands 598 MB inside the task: 1.30 GB (was 2.03 GB), measured 1.38 GB
-(was 2.46 GB; its dense L1∩L2 projection's scratch, up to 3 x 133 MB, is not in the estimate). Between stages
-these compact states grow with the features a path has seen, which the estimate (of a fresh state) leaves out
-(benchmarks/memory.py lists every array and ``--train`` samples a real run).
+allocated. The path state is the largest one kept between stages (:meth:`Algorithm.full_state`): l1proj's and
+two-stage's compact states grow with the features a path has seen, so theirs is the state with every feature
+non-zero, which :func:`pipeline.algorithms.base.pack_nonzero` keeps dense (a packed array is kept only while
+smaller than dense). At webspam width (16,609,143 features) tg's path state is 266 MB (twice: 1.10 GB per worker,
+measured 1.08 GB); stsgd keeps 2 MB between stages (its settled state, ``STSGD.settle``: Ω as bits, the non-zero
+weights) and works on 599 MB during a stage: 1.25 GB per worker, measured 1.16 GB; l1proj keeps its weights (0 fresh,
+at most the dense 133 MB) and builds its 548 MB treap inside the task: 1.25 GB at worst (1.11 GB fresh; 1.66 GB
+with the treap kept), measured 0.86 GB (was 1.82 GB) on 3,000 rows; two-stage keeps its arrays (0 fresh, at most
+the dense 598 MB) and expands 598 MB inside the task: 1.89 GB at worst (1.30 GB fresh; 2.03 GB with the dense
+arrays kept), measured 1.38 GB (was 2.46 GB; its dense L1∩L2 projection's scratch, up to 3 x 133 MB, is not in the
+estimate). benchmarks/memory.py lists every array, fresh and at its largest, and ``--train`` samples a real run.
 """
 from __future__ import annotations
 
@@ -31,29 +34,38 @@ def _nbytes(state: dict) -> int:
     return sum(np.asarray(v).nbytes for v in state.values())
 
 
-def _state_bytes(algo, p: int) -> tuple[int, int, int]:
+def _state_bytes(algo, p: int) -> tuple[int, int, int, int]:
     from pipeline.algorithms.base import copy_state
 
-    path = algo.init_path(p, 0)
-    return _nbytes(path), _nbytes(algo.working_state(copy_state(path))), _nbytes(algo.init_global(p))
+    full = algo.full_state(p)
+    return (_nbytes(full), _nbytes(algo.working_state(copy_state(full))), _nbytes(algo.init_global(p)),
+            _nbytes(algo.init_path(p, 0)))
 
 
-def state_bytes(algo, n_features: int) -> tuple[int, int, int]:
-    """(path state, a stage's working state, global state) bytes of ``algo`` at ``n_features``: linear fit through
-    widths 1,000 and 2,000. The working state is the task's private copy (the path state's size, unless the
-    algorithm expands a compact state: :meth:`Algorithm.working_state`)."""
+def _extrapolate(algo, n_features: int) -> tuple:
     one, two = _state_bytes(algo, 1000), _state_bytes(algo, 2000)
     return tuple(max(0, int(a + (b - a) * (n_features - 1000) / 1000)) for a, b in zip(one, two))
 
 
+def state_bytes(algo, n_features: int, fresh: bool = False) -> tuple[int, int, int]:
+    """(path state, a stage's working state, global state) bytes of ``algo`` at ``n_features``: linear fit through
+    widths 1,000 and 2,000. The path state is the largest one kept between stages (:meth:`Algorithm.full_state`:
+    a compact state that grows with its non-zeros, all of them non-zero), or with ``fresh`` the state
+    :meth:`Algorithm.init_path` starts from. The working state is the task's private copy (the path state's size,
+    unless the algorithm expands a compact state: :meth:`Algorithm.working_state`)."""
+    full, work, glob, new = _extrapolate(algo, n_features)
+    return (new if fresh else full), work, glob
+
+
 def worker_need(algo, n_features: int, paths_per_worker: int, cache_bytes: int = 0) -> dict:
-    """Bytes one worker needs: ``paths_per_worker`` x (path state + working state) + global + the stage-end merge
-    (``algo.exchange_bytes_per_feature``) + cache + process baseline."""
-    path, work, glob = state_bytes(algo, n_features)
+    """Bytes one worker needs: ``paths_per_worker`` x (path state at its largest + working state) + global + the
+    stage-end merge (``algo.exchange_bytes_per_feature``) + cache + process baseline; ``path_fresh``: a fresh path
+    state (the same as ``path`` for states that do not grow)."""
+    path, work, glob, fresh = _extrapolate(algo, n_features)
     exchange = algo.exchange_bytes_per_feature * n_features
     total = (path + work) * paths_per_worker + glob + exchange + int(cache_bytes) + PROCESS_BASELINE
     return {"total": total, "path": path, "work": work, "global": glob, "exchange": exchange,
-            "cache": int(cache_bytes), "paths": paths_per_worker}
+            "cache": int(cache_bytes), "paths": paths_per_worker, "path_fresh": fresh}
 
 
 def _gb(b: float) -> str:

@@ -176,16 +176,60 @@ class _TreeStateL1Proj:
         return decision["w"], float(decision["bias"][0])
 
 
-def test_compact_state_bit_identical_to_tree_state(tmp_path):
+@pytest.mark.parametrize("frac", [0.05, 0.001])
+def test_compact_state_bit_identical_to_tree_state(tmp_path, frac):
     """Non-zero weights between stages instead of the treap (issue 13 §1): the same model bit for bit as the tree
-    kept between stages, over 3 passes of 3 mixed paths; the settled state holds no per-feature array."""
+    kept between stages, over 3 passes of 3 mixed paths; the settled state holds no treap, and its weights are
+    dense when mostly non-zero (77 of 80 at 0.05), packed when sparse (a small radius)."""
+    from pipeline.algorithms.base import is_dense_form
     from pipeline.algorithms.l1proj import L1Projection
     from pipeline.engine import train
 
     store, truth = make_store(tmp_path, "r", 1500, 80, 8, seed=5, hetero=False, client=None)
-    opts = {"radius": 0.05 * float(np.abs(truth["w"]).sum()), "eta": 0.1, "loss": "squared"}
+    opts = {"radius": frac * float(np.abs(truth["w"]).sum()), "eta": 0.1, "loss": "squared"}
     ref_cls = type("TreeL1", (_TreeStateL1Proj, L1Projection), {})
     new, ref = (train(store, cls(make_algorithm("l1proj", opts).params), passes=3, paths=3, seed=2)
                 for cls in (L1Projection, ref_cls))
-    assert new.w.tobytes() == ref.w.tobytes() and new.bias == ref.bias and 0 < np.count_nonzero(new.w) < 80
+    assert new.w.tobytes() == ref.w.tobytes() and new.bias == ref.bias and 0 < np.count_nonzero(new.w)
     assert set(new.states[0]) == {"w_idx", "w_val", "width", "istate", "fstate", "cursor"}
+    nnz = np.count_nonzero(new.w)
+    assert is_dense_form(new.states[0]["w_idx"], new.states[0]["w_val"]) == (2 * nnz >= 80) == (frac > 0.01), nnz
+
+
+@pytest.mark.parametrize("density", [0.9, 0.02])
+def test_settled_weights_no_larger_than_dense_and_exact(density):
+    """Mostly non-zero weights are kept dense (8 bytes a feature, not 16 a non-zero), mostly zero ones packed; both
+    build the treap of the weights bit for bit and settle back to the same arrays; the decision's weights too."""
+    from pipeline.algorithms.base import is_dense_form
+
+    p = 4000
+    rng = np.random.default_rng(3)
+    w = rng.normal(size=p) * (rng.random(p) < density)
+    w /= 2 * np.abs(w).sum()  # inside the ball: the weights as they are
+    algo = make_algorithm("l1proj", {"radius": 1.0})
+    st = algo._set_weights(algo.init_path(p, 0), w, 0.25)
+    kept = st["w_idx"].nbytes + st["w_val"].nbytes
+    nnz = np.count_nonzero(w)
+    assert is_dense_form(st["w_idx"], st["w_val"]) == (density > 0.5)
+    assert kept == (8 * p if density > 0.5 else 16 * nnz) and kept <= 8 * p
+    tree = algo.working_state(dict(st))
+    ref = l1tree_from_dense(w)
+    for k in KEYS:
+        assert tree[k].tobytes() == getattr(ref, k).tobytes(), k
+    again = algo.settle(tree)
+    assert again["w_idx"].tobytes() == st["w_idx"].tobytes() and again["w_val"].tobytes() == st["w_val"].tobytes()
+    total = algo.summarize(tree)
+    dec, _, _ = algo.decide(total, {}, 1)
+    assert dec["w_idx"].nbytes + dec["w_val"].nbytes <= 8 * p
+    assert algo.weights(dec)[0].tobytes() == clip_to_l1_ball(l1tree_dense(*(tree[k] for k in KEYS)), 1.0).tobytes()
+    # widened after it was settled
+    wide = algo.working_state(algo.resize(st, p + 5))
+    assert l1tree_dense(*(wide[k] for k in KEYS)).tobytes() == (np.concatenate([w, np.zeros(5)]) + 0.0).tobytes()  # (no −0.0)
+
+
+def test_memory_estimate_is_the_dense_weights():
+    from pipeline.memory import state_bytes
+
+    algo = make_algorithm("l1proj", {})
+    assert state_bytes(algo, 123_457)[0] == 8 * 123_457 + 8 + 8 + 8  # + width, istate, fstate
+    assert state_bytes(algo, 123_457, fresh=True)[0] == 24

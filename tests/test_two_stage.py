@@ -9,6 +9,7 @@ from typer.testing import CliRunner
 from benchmarks.two_stage import make_store, regression_data
 from cli.main import app
 from pipeline.algorithms import make_algorithm
+from pipeline.algorithms.base import unpack_nonzero
 from pipeline.algorithms.two_stage import epoch_schedule
 from pipeline.kernels import two_stage as K
 from pipeline.kernels.projection import l1l2_kkt_residual, project_l1_l2
@@ -169,8 +170,7 @@ class _DenseStates:
             return state
         k = int(decision["epoch"][0])
         T, eta, rho = self._schedule(k)
-        c = np.zeros(state["w"].shape[0])
-        c[decision["w_hat_idx"]] = decision["w_hat_val"]
+        c = unpack_nonzero(decision["w_hat_idx"], decision["w_hat_val"], state["w"].shape[0])  # either form
         ist, fst = state["istate"].copy(), state["fstate"].copy()
         l1 = 0.0
         for x in c:  # ‖w‖₁ summed in index order, as the kernel does
@@ -186,6 +186,7 @@ def test_compact_state_bit_identical_to_dense_states(store, monkeypatch, opts):
     """Non-zeros between stages instead of the dense arrays (issue 13 §1): the same model and ŵ bit for bit as
     dense states between stages, over 3 passes of 3 paths; also when the int32 stamps are widened mid-epoch."""
     import pipeline.algorithms.two_stage as TS
+    from pipeline.algorithms.base import is_dense_form
     from pipeline.engine import train
 
     dense_cls = type("DenseTwoStage", (_DenseStates, TS.TwoStage), {})
@@ -197,4 +198,83 @@ def test_compact_state_bit_identical_to_dense_states(store, monkeypatch, opts):
         assert new.w.tobytes() == ref.w.tobytes() and new.bias == ref.bias
         assert new.gstate["w_hat"].tobytes() == ref.gstate["w_hat"].tobytes()
         assert not {"w", "c", "wsum", "sumsq", "last"} & set(new.states[0])
+        # sumsq has seen every feature: kept dense (no more bytes than the dense array), and w packed or not
+        assert is_dense_form(new.states[0]["sumsq_idx"], new.states[0]["sumsq_val"])
     assert ref.history[-1]["projections"] > 0 and (ref.history[-1]["epochs_done"] >= 2) == ("stage1" not in opts)
+
+
+def _two_stage_working(p, density, seed):
+    """A two-stage working state at width ``p`` whose w, c, wsum, sumsq have about ``density`` of their entries
+    non-zero (−0.0 among them), with int32 stamps everywhere."""
+    algo = make_algorithm("two-stage", OPTS)
+    rng = np.random.default_rng(seed)
+    st = algo.working_state(algo.init_path(p, 0))
+    for k in ("w", "c", "wsum", "sumsq"):
+        v = rng.normal(size=p) * (rng.random(p) < density)
+        v[rng.integers(0, p, 3)] = -0.0
+        st[k] = v
+    st["last"] = rng.integers(1, 10_000, p).astype(np.int32)
+    return algo, st
+
+
+@pytest.mark.parametrize("density", [0.9, 0.55, 0.3, 0.02])
+def test_settled_state_no_larger_than_dense_and_exact(density):
+    """A settled state never takes more bytes than the dense arrays (a mostly non-zero array is kept dense, a
+    mostly zero one packed) and expands bit for bit: the stamps off w's support as 1, as from the packed form."""
+    from pipeline.algorithms.base import is_dense_form
+
+    p = 5000
+    algo, st = _two_stage_working(p, density, seed=int(density * 100))
+    dense = sum(st[k].nbytes for k in ("w", "c", "wsum", "sumsq", "last"))
+    settled = algo.settle(copy_state_of(st))
+    per_feature = sum(v.nbytes for k, v in settled.items() if k not in ("istate", "fstate", "width"))
+    assert per_feature <= dense
+    for k in ("w", "c", "wsum", "sumsq"):
+        nnz = np.count_nonzero(st[k].view(np.int64))
+        assert is_dense_form(settled[f"{k}_idx"], settled[f"{k}_val"]) == (nnz * 16 >= p * 8)
+        if nnz * 16 < p * 8:
+            assert settled[f"{k}_idx"].shape[0] == nnz  # packed: the non-zeros only
+    back = algo.working_state(settled)
+    for k in ("w", "c", "wsum", "sumsq"):
+        assert back[k].tobytes() == st[k].tobytes(), k
+    on = st["w"].view(np.int64) != 0
+    assert back["last"].dtype == np.int32
+    assert back["last"].tobytes() == np.where(on, st["last"], 1).astype(np.int32).tobytes()
+    # widened after it was settled: the new features are 0, their stamps 1
+    wide = algo.working_state(algo.resize(settled, p + 7))
+    assert wide["w"].tobytes() == np.concatenate([st["w"], np.zeros(7)]).tobytes()
+    assert wide["last"].tobytes() == np.concatenate([back["last"], np.ones(7, np.int32)]).tobytes()
+    if density > 0.5:  # the case that cost 72 bytes a feature before: now the dense arrays' 36
+        assert per_feature == dense
+
+
+def copy_state_of(st):
+    return {k: v.copy() for k, v in st.items()}
+
+
+def test_old_packed_layout_still_expands():
+    """A state saved in the packed-only layout (every array as non-zeros, int64 stamps on w's support, also when
+    nearly every entry is non-zero) expands to the same arrays."""
+    algo, st = _two_stage_working(3000, 0.8, seed=4)
+    old = {k: v for k, v in st.items() if k not in ("w", "c", "wsum", "sumsq", "last")}
+    for k in ("w", "c", "wsum", "sumsq"):
+        idx = np.flatnonzero(st[k].view(np.int64))
+        old[f"{k}_idx"], old[f"{k}_val"] = idx, st[k][idx]
+    old["last_val"] = st["last"][old["w_idx"]].astype(np.int64)
+    old["width"] = np.array([3000], np.int64)
+    new = algo.working_state(old)
+    for k in ("w", "c", "wsum", "sumsq"):
+        assert new[k].tobytes() == st[k].tobytes()
+    assert np.array_equal(new["last"], np.where(st["w"].view(np.int64) != 0, st["last"], 1))
+
+
+def test_memory_estimate_is_the_full_state():
+    """The estimate's path state is the settled state with every feature non-zero (the dense arrays), not the
+    fresh one (no per-feature array)."""
+    from pipeline.memory import state_bytes, worker_need
+
+    algo = make_algorithm("two-stage", {})
+    path, work, _ = state_bytes(algo, 123_457)
+    small = sum(v.nbytes for k, v in algo.init_path(10, 0).items() if k in ("istate", "fstate"))
+    assert path == 36 * 123_457 + small + 8 and work == 36 * 123_457 + small  # + width
+    assert state_bytes(algo, 123_457, fresh=True)[0] < 1000 and worker_need(algo, 123_457, 1)["path"] == path

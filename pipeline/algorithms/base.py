@@ -29,19 +29,56 @@ def copy_state(state: dict) -> dict:
     return {k: v.copy() for k, v in state.items()}
 
 
+def packed_is_smaller(nnz: int, n: int, itemsize: int, idx_itemsize: int = 8) -> bool:
+    """Whether ``nnz`` (index, value) pairs take fewer bytes than the dense ``n``-vector: nnz·(idx_itemsize +
+    itemsize) < n·itemsize (float64 with int64 indices: fewer than half the entries non-zero)."""
+    return nnz * (idx_itemsize + itemsize) < n * itemsize
+
+
 def pack_nonzero(v: np.ndarray) -> tuple:
-    """(idx int64, values) of the entries of ``v`` whose bits are not all zero (−0.0 is kept), in increasing idx:
-    a settled state's sparse form of a per-feature array that :func:`unpack_nonzero` restores bit for bit."""
+    """A settled state's form of a per-feature array, the smaller of two, both flat arrays that
+    :func:`unpack_nonzero` restores bit for bit: packed, (idx int64, values) of the entries whose bits are not all
+    zero (−0.0 is kept) in increasing idx, when :func:`packed_is_smaller`; else dense, (an empty idx, a copy of
+    ``v``). A dense-ish array therefore never costs more than itself between stages."""
     v = np.asarray(v)
-    idx = np.flatnonzero(v.view(np.dtype(f"i{v.dtype.itemsize}")))
-    return idx.astype(np.int64, copy=False), v[idx]
+    bits = v.view(np.dtype(f"i{v.dtype.itemsize}"))
+    if not packed_is_smaller(int(np.count_nonzero(bits)), v.shape[0], v.dtype.itemsize):
+        return np.zeros(0, np.int64), v.copy()
+    idx = np.flatnonzero(bits).astype(np.int64, copy=False)
+    return idx, v[idx]
+
+
+def compact_sparse(idx: np.ndarray, values: np.ndarray, n: int) -> tuple:
+    """:func:`pack_nonzero`'s rule for a vector already given by its non-zeros (``idx`` increasing): ``(idx, values)``
+    when that is smaller than the dense ``n``-vector, else (an empty idx, the dense vector)."""
+    if packed_is_smaller(idx.shape[0], n, values.dtype.itemsize, idx.dtype.itemsize):
+        return idx, values
+    return np.zeros(0, idx.dtype), unpack_nonzero(idx, values, n, values.dtype)
+
+
+def is_dense_form(idx: np.ndarray, values: np.ndarray) -> bool:
+    """Whether ``(idx, values)`` is :func:`pack_nonzero`'s dense form (an empty idx beside the values; a packed
+    form has one index per value, the layout saved models have had since the compact states)."""
+    return idx.shape[0] != values.shape[0]
 
 
 def unpack_nonzero(idx, values, n: int, dtype=np.float64, fill=0) -> np.ndarray:
-    """The ``n``-vector of ``dtype`` equal to ``fill`` but ``values`` at ``idx`` (inverse of :func:`pack_nonzero`)."""
+    """The ``n``-vector of ``dtype`` equal to ``fill`` but ``values`` at ``idx`` (inverse of :func:`pack_nonzero`);
+    of the dense form, ``values`` then ``fill`` (a state widened since it was settled)."""
     out = np.full(n, fill, dtype=dtype) if fill else np.zeros(n, dtype=dtype)
-    out[idx] = values
+    if is_dense_form(idx, values):
+        out[:values.shape[0]] = values
+    else:
+        out[idx] = values
     return out
+
+
+def nonzero_entries(idx: np.ndarray, values: np.ndarray) -> tuple:
+    """(idx int64, values) of the entries whose bits are not all zero, of either form of :func:`pack_nonzero`."""
+    if not is_dense_form(idx, values):
+        return idx, values
+    nz = np.flatnonzero(values.view(np.dtype(f"i{values.dtype.itemsize}"))).astype(np.int64, copy=False)
+    return nz, values[nz]
 
 
 def params_from_dict(cls, values: dict, where: str = "config"):
@@ -115,6 +152,12 @@ class Algorithm:
         """The state kept between stages, made from the stage's advanced state after :meth:`summarize` (default:
         itself): what :meth:`apply` receives, the next stage starts from, and the model file saves."""
         return state
+
+    def full_state(self, n_features: int) -> dict:
+        """The largest path state kept between stages at ``n_features`` (the memory estimate's, pipeline.memory):
+        of an algorithm whose settled state grows with its non-zeros, the one with every per-feature entry
+        non-zero; default: a fresh state (:meth:`init_path`)."""
+        return self.init_path(n_features, 0)
 
     def advance(self, state: dict, indptr, indices, data, y, rows, start: int, pass_index: int):
         """Advance ``state`` in place over ``rows[start:]`` of one block; return (rows consumed, stage done)."""

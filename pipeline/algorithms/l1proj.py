@@ -5,11 +5,14 @@ paths split the training blocks of a pass and are averaged at the pass end. An a
 L1 ball lies in the ball, so the mixed model stays feasible (the last rounding excess is removed by
 ``clip_to_l1_ball``): the saved weights satisfy ‖w‖₁ ≤ radius, bias excluded.
 
-State. Between stages a path keeps its non-zero weights (``w_idx``, ``w_val``), ``width``, ``istate`` = [t] and
-``fstate`` = [bias] (:meth:`L1Projection.settle`); a stage's task builds the treap from them
-(:meth:`working_state`, ``l1tree_from_sparse``: the tree ``apply`` built from the dense mixed weights before,
-bit for bit), so the 33 bytes per feature of the tree (548 MB at 16.6M features) live only inside the task.
-Summaries and the decision carry the non-zero weights too (``l1tree_support``), merged like STSGD's.
+State. Between stages a path keeps its weights in the smaller of two forms (``w_idx``, ``w_val``:
+:func:`pipeline.algorithms.base.compact_sparse`): the non-zero weights (16 bytes each) while fewer than half the
+weights are non-zero, else the dense vector (8 bytes a feature, an empty ``w_idx``; 133 MB at 16.6M features:
+:meth:`full_state`, the memory estimate's); with ``width``, ``istate`` = [t] and ``fstate`` = [bias]
+(:meth:`L1Projection.settle`). A stage's task builds the treap from the non-zeros (:meth:`working_state`,
+``l1tree_from_sparse``: the tree ``apply`` built from the dense mixed weights before, bit for bit), so the 33 bytes
+per feature of the tree (548 MB at 16.6M features) live only inside the task. Summaries carry the non-zero weights
+(``l1tree_support``), merged like STSGD's; the decision, which becomes the paths' state, the state's form.
 """
 from __future__ import annotations
 
@@ -17,7 +20,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pipeline.algorithms.base import Algorithm, check_choice, check_nonnegative, check_positive
+from pipeline.algorithms.base import (Algorithm, check_choice, check_nonnegative, check_positive, compact_sparse,
+                                      nonzero_entries, unpack_nonzero)
 from pipeline.algorithms.sgd import SCHEDULES
 from pipeline.algorithms.stsgd_rules import merge_sparse, sparse_weights
 from pipeline.kernels import l1proj as K
@@ -67,7 +71,8 @@ class L1Projection(Algorithm):
     def _set_weights(self, state, w, bias):
         """A new settled state holding ``w`` (clipped to the ball) and ``bias``."""
         out = dict(state)
-        out["w_idx"], out["w_val"] = sparse_weights(K.clip_to_l1_ball(np.asarray(w, np.float64), self.params.radius))
+        w = K.clip_to_l1_ball(np.asarray(w, np.float64), self.params.radius)
+        out["w_idx"], out["w_val"] = compact_sparse(*sparse_weights(w), w.shape[0])
         out["fstate"] = np.array([float(bias)])
         return out
 
@@ -88,7 +93,7 @@ class L1Projection(Algorithm):
         """The treap of the settled state's weights (a tree state is used as it is)."""
         if "fnode" in state:
             return state
-        tree = P.l1tree_from_sparse(state["w_idx"], state["w_val"], int(state["width"][0]),
+        tree = P.l1tree_from_sparse(*nonzero_entries(state["w_idx"], state["w_val"]), int(state["width"][0]),
                                     index_dtype=self.index_dtype)
         out = {k: v for k, v in state.items() if k not in COMPACT_KEYS}
         out.update(_tree_state(tree))
@@ -99,9 +104,15 @@ class L1Projection(Algorithm):
         if "fnode" not in state:
             return state
         out = {k: v for k, v in state.items() if k not in TREE_KEYS}
-        out["w_idx"], out["w_val"] = P.l1tree_support(state["fnode"], state["sgn"], state["fsc"])
-        out["width"] = np.array([state["sgn"].shape[0]], np.int64)
+        p = state["sgn"].shape[0]
+        out["w_idx"], out["w_val"] = compact_sparse(*P.l1tree_support(state["fnode"], state["sgn"], state["fsc"]), p)
+        out["width"] = np.array([p], np.int64)
         return out
+
+    def full_state(self, n_features):
+        """The settled state when every weight is non-zero: the dense weights."""
+        return self._set_weights(self.init_path(n_features, 0), np.full(n_features, 0.5 * self.params.radius
+                                                                        / max(1, n_features)), 0.0)
 
     def advance(self, state, indptr, indices, data, y, rows, start, pass_index):
         p = self.params
@@ -127,7 +138,7 @@ class L1Projection(Algorithm):
         w = K.clip_to_l1_ball(w / n_paths if n_paths > 1 else w, self.params.radius)
         bias = total["bias"] / n_paths if n_paths > 1 else total["bias"]
         nnz = int(np.count_nonzero(w))
-        widx, wval = sparse_weights(w)
+        widx, wval = compact_sparse(*sparse_weights(w), n)
         return ({"w_idx": widx, "w_val": wval, "bias": bias, "width": total["width"]}, gstate,
                 {"nnz": nnz, "density": nnz / max(1, n), "l1": float(np.abs(w).sum())})
 
@@ -137,6 +148,5 @@ class L1Projection(Algorithm):
                 "fstate": np.array([float(decision["bias"][0])])}
 
     def weights(self, decision):
-        w = np.zeros(int(decision["width"][0]))
-        w[decision["w_idx"]] = decision["w_val"]
-        return w, float(decision["bias"][0])
+        return unpack_nonzero(decision["w_idx"], decision["w_val"], int(decision["width"][0])), \
+            float(decision["bias"][0])

@@ -16,14 +16,16 @@ is accumulated over the stage-1 rows in O(nnz) per row (§3), because algorithms
 whole passes it equals the store's col_sumsq/n_rows. ŵ, its bias and s stay in the global state so that
 ``sparsepipe sparsify`` can redo stage 2 with another K. With neither ``nnz`` nor ``epsilon`` the model is ŵ.
 
-State. Between stages a path keeps the non-zeros of w, c, wsum and sumsq (``<key>_idx`` int64 / ``<key>_val``,
-every entry whose bits are not all zero: :func:`pipeline.algorithms.base.pack_nonzero`), the stamps ``last_val`` on
-w's support (elsewhere a stamp does not change any sum), ``width``, ``istate`` and ``fstate``
-(:meth:`TwoStage.settle`); a stage's task expands them into the kernel's dense arrays (:meth:`working_state`;
-``last`` int32 while the epoch's iterate index fits) and settles them after the summary, so the dense arrays (598 MB
-at 16.6M features) live only inside the task and training is bit-identical to dense states between stages. The
-state between stages grows with the features a path has seen (sumsq, wsum): 16 bytes per non-zero of each array,
-at most 72 bytes per feature (the dense arrays: 40) when every feature is non-zero in all four. The decision carries ŵ (and s, when stage 2 is on) as non-zeros too.
+State. Between stages a path keeps w, c, wsum and sumsq each in the smaller of two forms
+(:func:`pipeline.algorithms.base.pack_nonzero`): its non-zeros (``<key>_idx`` int64 / ``<key>_val``, every entry
+whose bits are not all zero; 16 bytes a non-zero) while fewer than half the entries are non-zero, else the dense
+array (``<key>_val``, an empty ``<key>_idx``); the stamps ``last_val`` in w's form (on w's support, or dense with 1
+off it: elsewhere a stamp does not change any sum), ``width``, ``istate`` and ``fstate`` (:meth:`TwoStage.settle`).
+A stage's task expands them into the kernel's dense arrays (:meth:`working_state`; ``last`` int32 while the epoch's
+iterate index fits) and settles them after the summary, so training is bit-identical to dense states between
+stages. The state between stages grows with the features a path has seen (sumsq, wsum) up to the dense arrays, 36
+bytes per feature (598 MB at 16.6M features: :meth:`full_state`, the memory estimate's), never more. The decision
+carries ŵ (and s, when stage 2 is on) in the same forms.
 
 ``stage1 = "averaged-sgd"`` is §3's stage-1 baseline: projection onto the L1 ball only, η_t = η1/√t,
 averaged iterate (paths are not mixed; the output is the mean of the paths' averages).
@@ -35,7 +37,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pipeline.algorithms.base import Algorithm, check_choice, check_positive, pack_nonzero, unpack_nonzero
+from pipeline.algorithms.base import (Algorithm, check_choice, check_positive, is_dense_form, pack_nonzero,
+                                      unpack_nonzero)
 from pipeline.kernels import two_stage as K
 from pipeline.kernels.l1proj import clip_to_l1_ball
 from pipeline.kernels.losses import LOSS_CODES
@@ -128,9 +131,10 @@ class TwoStage(Algorithm):
         T, eta, rho = self._schedule(k)
         out = dict(state)
         out["w_idx"], out["w_val"] = state["c_idx"], state["c_val"]
-        out["last_val"] = np.ones(state["c_idx"].shape[0], dtype=np.int64)
+        out["last_val"] = np.ones(state["c_val"].shape[0], dtype=np.int32)  # in w's (= c's) form
         out["wsum_idx"], out["wsum_val"] = np.zeros(0, dtype=np.int64), np.zeros(0)
         out["istate"], out["fstate"] = state["istate"].copy(), state["fstate"].copy()
+        # c's non-zeros or dense c: its zeros add +0.0 to a sum ≥ +0.0, the same bits
         K.begin_epoch(state["c_val"], out["istate"], out["fstate"], T, eta, rho)
         out["istate"][K.IS_EPOCH] = k
         out["fstate"][K.FS_BIAS] = bias
@@ -169,7 +173,8 @@ class TwoStage(Algorithm):
         out = {k: v for k, v in state.items() if k not in self._compact_keys}
         for k in DENSE_KEYS:
             out[k] = unpack_nonzero(state[f"{k}_idx"], state[f"{k}_val"], p)
-        out["last"] = unpack_nonzero(state["w_idx"], state["last_val"], p, np.int32, fill=1)
+        stamp = np.int32 if int(state["istate"][K.IS_T]) + 2 <= INT32_MAX else np.int64
+        out["last"] = unpack_nonzero(state["w_idx"], state["last_val"], p, stamp, fill=1)
         return out
 
     _compact_keys = tuple(f"{k}_{x}" for k in DENSE_KEYS for x in ("idx", "val")) + ("last_val", "width")
@@ -181,9 +186,19 @@ class TwoStage(Algorithm):
         out = {k: v for k, v in state.items() if k not in DENSE_KEYS + ("last",)}
         for k in DENSE_KEYS:
             out[f"{k}_idx"], out[f"{k}_val"] = pack_nonzero(state[k])
-        out["last_val"] = state["last"][out["w_idx"]].astype(np.int64)
+        if is_dense_form(out["w_idx"], out["w_val"]):  # 1 off w's support, as unpacking the packed form gives
+            out["last_val"] = np.where(state["w"].view(np.int64) != 0, state["last"], 1).astype(state["last"].dtype)
+        else:
+            out["last_val"] = state["last"][out["w_idx"]]
         out["width"] = np.array([state["w"].shape[0]], dtype=np.int64)
         return out
+
+    def full_state(self, n_features):
+        """The settled state when every feature is non-zero in w, c, wsum and sumsq: the dense arrays."""
+        st = self.working_state(self.init_path(n_features, 0))
+        for k in DENSE_KEYS:
+            st[k][:] = 1.0
+        return self.settle(st)
 
     def advance(self, state, indptr, indices, data, y, rows, start, pass_index):
         p = self.params
