@@ -211,8 +211,11 @@ def test_auto_l1_is_chosen_on_training_rows_only_and_keeps_a_subset_of_s(wide):
     best = min(path, key=lambda p: p["val_loss"])
     within = [p for p in path if p["val_loss"] <= best["val_loss"] + best["val_se"]]
     assert chosen[0] in within and chosen[0]["nnz"] == min(p["nnz"] for p in within)  # the sparsest within 1 SE
-    lasso = [p for p in path if p["phi"] == 1.0]
+    lasso = [p for p in path if p["phi"] == 1.0 and not p.get("refined")]
     assert all(p["l1"] > q["l1"] for p, q in zip(lasso, lasso[1:]))  # decreasing penalties
+    refined = [p for p in path if p.get("refined")]  # between the coarse one-SE choice and the next larger λ
+    assert len(refined) == 2 and any(a["l1"] > refined[1]["l1"] > refined[0]["l1"] > b["l1"]
+                                     for a, b in zip(lasso, lasso[1:]))
     relaxed = [p for p in path if p["phi"] < 1.0]
     assert relaxed and info["relax"] == chosen[0]["phi"]
     for p in relaxed:  # φ·λ_k on the support of the lasso at λ_k: never more columns
