@@ -21,13 +21,15 @@ order and give identical models.
 """
 from __future__ import annotations
 
+import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from functools import lru_cache
 
 import numpy as np
 
-from pipeline.algorithms.base import Algorithm, copy_state
+from pipeline.algorithms.base import Algorithm
 
 CURSOR = "cursor"  # int64[3]: pass index, position in this pass's block list, row position in the block
 TIMING = "_timing"  # float64[4]: copy s, read s, kernel s, non-zeros processed
@@ -50,10 +52,11 @@ def row_order(seed: int, pass_index: int, path: int, block: int, n_rows: int, wi
 def merge_blocks(parts: list, bufs: dict | None = None):
     """Concatenate CSR blocks (indptr, indices, data, y) row-wise (the shuffle window's group).
 
-    ``bufs`` (a dict the caller keeps for a stage): indices and data go into arrays kept there and reused by the
-    next group (grown when too small), valid until the next call with the same dict. Fresh arrays for every
-    group cost their page faults each time: concatenating a pass's groups of the 35k x 16.6M store took
-    0.24-0.32 s into fresh arrays, 0.06 s into reused ones."""
+    ``bufs`` (a dict the caller keeps, e.g. :func:`group_buffers`): indices and data go into arrays kept there
+    and reused by the next group (grown when too small), valid until the next call with the same dict. Fresh
+    arrays for every group cost their page faults each time: concatenating a pass's groups of the 35k x 16.6M
+    store took 0.24-0.32 s into fresh arrays, 0.06 s into reused ones. Parts that already lie in order at the
+    head of those arrays (:meth:`DataRef.load_group` decodes them there) are not copied."""
     if len(parts) == 1:
         return parts[0]
     offs = np.cumsum([0] + [p[0][-1] for p in parts[:-1]])
@@ -65,12 +68,93 @@ def merge_blocks(parts: list, bufs: dict | None = None):
             big.append(np.concatenate(arrays))
             continue
         n = sum(a.shape[0] for a in arrays)
-        dtype = np.result_type(*arrays)
         buf = bufs.get(k)
-        if buf is None or buf.shape[0] < n or buf.dtype != dtype:
-            buf = bufs[k] = np.empty(n, dtype)
-        big.append(np.concatenate(arrays, out=buf[:n]))
+        if _in_place(arrays, buf):
+            big.append(buf[:n])
+            continue
+        big.append(np.concatenate(arrays, out=grow(bufs, k, n, np.result_type(*arrays))))
     return indptr, big[0], big[1], np.concatenate([p[3] for p in parts])
+
+
+def grow(bufs: dict, k, n: int, dtype) -> np.ndarray:
+    """The first ``n`` entries of ``bufs[k]``, replaced by a new array when too small or of another dtype."""
+    buf = bufs.get(k)
+    if buf is None or buf.shape[0] < n or buf.dtype != dtype:
+        buf = bufs[k] = np.empty(n, dtype)
+    return buf[:n]
+
+
+def _in_place(arrays: list, buf) -> bool:
+    """Whether ``arrays`` are consecutive runs of ``buf`` from its start (their concatenation is its head)."""
+    if buf is None:
+        return False
+    at = buf.ctypes.data
+    for a in arrays:
+        if a.dtype != buf.dtype or not a.flags.c_contiguous or (a.shape[0] and a.ctypes.data != at):
+            return False
+        at += a.nbytes
+    return at <= buf.ctypes.data + buf.nbytes
+
+
+class Recycler:
+    """Large arrays for the tasks' private state copies, each reused once nothing but this pool references it.
+
+    A task's copy of a 16.6M-feature state is fresh memory at every stage (w and Gl: 266 MB) unless the
+    arrays of an earlier stage's state, released by then, are reused: page faults cost up to ~2 s per GB
+    when the kernel must compact memory for huge pages (machine full of page cache) and ~0.1 s per GB
+    otherwise; a reused array costs neither. A pooled array is free when its reference count shows no other
+    holder (a state dict, a view, a buffer being sent all hold one). The pool holds at most ``keep`` arrays:
+    between stages at most a working copy's worth, which the memory estimate (``work``) counts."""
+
+    def __init__(self, min_bytes: int = 1 << 20, keep: int = 8):
+        self.min_bytes, self.keep = min_bytes, keep
+        self.items: list = []
+        self.lock = threading.Lock()
+
+    def copy(self, a: np.ndarray) -> np.ndarray:
+        """A private copy of ``a`` (C-contiguous), in a free pooled array of its shape and dtype when there is one."""
+        if not isinstance(a, np.ndarray) or a.nbytes < self.min_bytes:
+            return a.copy()
+        with self.lock:  # (no loop variable may hold a pooled array while its references are counted)
+            i = next((i for i in range(len(self.items)) if self._free(i) and self.items[i].shape == a.shape
+                      and self.items[i].dtype == a.dtype), None)
+            out = None if i is None else self.items[i]
+            if out is None:
+                out = np.empty(a.shape, a.dtype)
+                if len(self.items) >= self.keep:
+                    free = [i for i in range(len(self.items)) if self._free(i)]
+                    if not free:
+                        return np.copyto(out, a) or out
+                    del self.items[free[0]]
+                self.items.append(out)
+        np.copyto(out, a)
+        return out
+
+    def _free(self, i: int) -> bool:
+        return sys.getrefcount(self.items[i]) <= 2  # the list's reference and the argument's
+
+    def clear(self) -> None:
+        with self.lock:
+            self.items.clear()
+
+
+_RECYCLE = Recycler()
+
+
+def private_copy(state: dict) -> dict:
+    """:func:`copy_state` into recycled arrays (:class:`Recycler`): the same values."""
+    return {k: _RECYCLE.copy(v) for k, v in state.items()}
+
+
+_THREAD = threading.local()
+
+
+def group_buffers(name: str = "group") -> dict:
+    """This thread's dict of reused buffers ``name`` (:func:`merge_blocks`' ``bufs``): kept from task to task,
+    so a worker pays the page faults of a stage's group arrays once, not at every stage (fresh memory that
+    the kernel must find huge pages for costs up to ~2 s per GB on a machine whose memory is full of page
+    cache). Tasks run one at a time per thread, each using the arrays only until its next group."""
+    return _THREAD.__dict__.setdefault(name, {})
 
 
 # ------------------------------------------------------------------------------------- I/O
@@ -156,6 +240,30 @@ class DataRef:
 
         return _CACHE.get((self.store, self.version, self.keys[b]), read, self.cache_bytes)
 
+    def load_group(self, group, bufs: dict):
+        """The blocks ``group`` (indices into ``keys``) as one CSR (:func:`merge_blocks` into ``bufs``). Without
+        a block cache each block is decoded straight into its place in ``bufs``: no fresh arrays, no copy."""
+        if self.cache_bytes > 0:
+            return merge_blocks([self.load(int(g)) for g in group], bufs)
+        st = _open(self.store, self.version)
+        entries = [st.block(self.keys[int(g)]).entry for g in group]
+        heads = decode_heads(st, bufs, sum(int(e["nnz"]) for e in entries))
+        parts, at = [], 0
+        for e in entries:
+            n = int(e["nnz"])
+            blk = st.block(e, (None, heads[0][at:at + n], heads[1][at:at + n], None))
+            parts.append((blk.indptr, blk.indices, blk.data, blk.y))
+            at += n
+        return merge_blocks(parts, bufs)
+
+
+def decode_heads(st, bufs: dict, nnz: int) -> tuple:
+    """Arrays of ``nnz`` entries of the store's indices and data dtypes from ``bufs`` (:func:`grow`), for
+    :meth:`Store.block`'s ``out``."""
+    m = st.manifest
+    return (grow(bufs, 1, nnz, np.dtype(m.get("indices_dtype", "int32"))),
+            grow(bufs, 2, nnz, np.dtype(m.get("data_dtype", "float32"))))
+
 
 # ------------------------------------------------------------------------------------- tasks
 
@@ -173,7 +281,7 @@ class RunSpec:
 def advance_task(algo: Algorithm, state: dict, data: DataRef, spec: RunSpec, path: int) -> tuple:
     """Advance a private copy of one path's state by one stage (pure): (the settled state, its summary)."""
     t0 = time.perf_counter()
-    state = algo.working_state(copy_state(state))
+    state = algo.working_state(private_copy(state))
     t_copy = time.perf_counter() - t0
     t_read = t_kernel = 0.0
     nnz = 0
@@ -182,7 +290,7 @@ def advance_task(algo: Algorithm, state: dict, data: DataRef, spec: RunSpec, pat
     blocks_done = 0
     rows_done = 0
     W = max(1, spec.window)
-    bufs = {}  # the stage's merge buffers (merge_blocks), freed with the task
+    bufs = group_buffers()  # the group's arrays, this thread's (merge_blocks)
     while cur[0] < spec.end_pass:
         if spec.max_rows and rows_done >= spec.max_rows:
             break
@@ -197,7 +305,7 @@ def advance_task(algo: Algorithm, state: dict, data: DataRef, spec: RunSpec, pat
         group = order[cur[1] * W:(cur[1] + 1) * W]
         b = int(group[0])
         t1 = time.perf_counter()
-        indptr, indices, data_, y = merge_blocks([data.load(int(g)) for g in group], bufs)
+        indptr, indices, data_, y = data.load_group(group, bufs)
         t2 = time.perf_counter()
         rows = row_order(spec.seed, int(cur[0]), path, b, y.shape[0], W)
         start = int(cur[2])
@@ -252,7 +360,9 @@ def decide_task(algo, total, gstate, n_paths):
 def eval_task(store: str, version: int, key: str, w, bias: float):
     from pipeline.evaluate import block_partial
 
-    return block_partial(_open(store, version).block(key), w, bias)
+    st = _open(store, version)
+    heads = decode_heads(st, group_buffers("eval"), int(st.block(key).entry["nnz"]))  # the partial keeps neither
+    return block_partial(st.block(key, (None, *heads, None)), w, bias)
 
 
 # ------------------------------------------------------------------------------------- executors
@@ -344,17 +454,37 @@ class TrainResult:
 
 
 def _evaluate(ex, data_holdout, decision, algo):
+    return _metrics(ex, data_holdout, _submit_evaluation(ex, data_holdout, decision, algo))
+
+
+def _submit_evaluation(ex, data_holdout, decision, algo):
+    """The merged holdout partial of the model ``decision`` (a future with Dask), or None without holdout."""
     store, version, keys, kind = data_holdout
     if not keys:
         return None
-    from pipeline.evaluate import merge_partials, metrics_from_partial
+    from pipeline.evaluate import merge_partials
 
     wb = ex.submit(algo.weights, decision)
     w = ex.first(wb, 0)
     bias = ex.first(wb, 1)
     parts = [ex.submit(eval_task, store, version, k, w, bias) for k in keys]
-    total = ex.result(tree(ex, parts, merge_partials))
-    return metrics_from_partial(total, kind)
+    return tree(ex, parts, merge_partials)
+
+
+def _metrics(ex, data_holdout, total):
+    from pipeline.evaluate import metrics_from_partial
+
+    return None if total is None else metrics_from_partial(ex.result(total), data_holdout[3])
+
+
+def _report(ex, rec: dict, due: bool, evaluation, holdout, history: list, progress) -> None:
+    """Record (and pass to ``progress``) a finished stage's ``rec``, with the holdout metrics of ``evaluation``
+    (:func:`_submit_evaluation`) when they are ``due``."""
+    if due:
+        rec["holdout"] = _metrics(ex, holdout, evaluation)
+    history.append(rec)
+    if progress:
+        progress(rec)
 
 
 def run_stages(ex, algo: Algorithm, states: list, gstate: dict, data: DataRef, spec: RunSpec,
@@ -369,6 +499,9 @@ def run_stages(ex, algo: Algorithm, states: list, gstate: dict, data: DataRef, s
     """
     M = spec.n_paths
     history = []
+    # A stage's record waits for the next stage's tasks: its holdout metrics (about 0.1 s of one worker per pass
+    # at 16.6M features) are submitted after them and run beside the stage-end exchange, not before the stage.
+    pending = None  # (record, the decision to evaluate or None) of the last stage, not yet reported
     decision = None
     stage = 0
     t_start = time.time()
@@ -385,12 +518,16 @@ def run_stages(ex, algo: Algorithm, states: list, gstate: dict, data: DataRef, s
         # between stages, two only during the advance)
         before = (states, gstate, gref, decision) if spec.max_density is not None else None
         states, total = advance_stage(ex, algo, states, data, spec)
+        evaluation = _submit_evaluation(ex, holdout, pending[1], algo) if pending and pending[1] is not None else None
         out = ex.submit(decide_task, algo, total, gref, M)
         del total  # the summaries are released once decided (they would stay in memory through the next stage)
         decision = ex.first(out, 0)
         gref = ex.first(out, 1)  # the next stage reads it where it was made, not from the client
         gstate = ex.result(gref)
         diag = ex.result(ex.first(out, 2))
+        if pending is not None:
+            _report(ex, pending[0], pending[1] is not None, evaluation, holdout, history, progress)
+            pending = None
         if spec.max_density is not None and diag.get("density", 0.0) > spec.max_density:
             # the bound is reached inside this stage: find the most rows per path that keep the mixed model
             # within it (galloping, then bisection, each probe re-running the stage from its start; pure
@@ -419,13 +556,13 @@ def run_stages(ex, algo: Algorithm, states: list, gstate: dict, data: DataRef, s
         rec = {"stage": stage, "pass": min(passes), **diag, "seconds": round(time.time() - t0, 4),
                "elapsed": round(time.time() - t_start, 3)}
         done = min(passes) >= spec.end_pass or algo.finished(gstate)
-        if holdout is not None and (stage % evaluate_every == 0 or done):
-            rec["holdout"] = _evaluate(ex, holdout, decision, algo)
-        history.append(rec)
-        if progress:
-            progress(rec)
+        pending = (rec, decision if holdout is not None and (stage % evaluate_every == 0 or done) else None)
         if algo.finished(gstate):
             break
+    if pending is not None:  # the last stage: its metrics now
+        due = pending[1] is not None
+        _report(ex, pending[0], due, _submit_evaluation(ex, holdout, pending[1], algo) if due else None, holdout,
+                history, progress)
     return states, gstate, decision, history
 
 
