@@ -21,7 +21,6 @@ order and give identical models.
 """
 from __future__ import annotations
 
-import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -29,7 +28,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from pipeline.algorithms.base import Algorithm
+from pipeline.algorithms.base import Algorithm, copy_state
 
 CURSOR = "cursor"  # int64[3]: pass index, position in this pass's block list, row position in the block
 TIMING = "_timing"  # float64[4]: copy s, read s, kernel s, non-zeros processed
@@ -96,56 +95,6 @@ def _in_place(arrays: list, buf) -> bool:
     return at <= buf.ctypes.data + buf.nbytes
 
 
-class Recycler:
-    """Large arrays for the tasks' private state copies, each reused once nothing but this pool references it.
-
-    A task's copy of a 16.6M-feature state is fresh memory at every stage (w and Gl: 266 MB) unless the
-    arrays of an earlier stage's state, released by then, are reused: page faults cost up to ~2 s per GB
-    when the kernel must compact memory for huge pages (machine full of page cache) and ~0.1 s per GB
-    otherwise; a reused array costs neither. A pooled array is free when its reference count shows no other
-    holder (a state dict, a view, a buffer being sent all hold one). The pool holds at most ``keep`` arrays:
-    between stages at most a working copy's worth, which the memory estimate (``work``) counts."""
-
-    def __init__(self, min_bytes: int = 1 << 20, keep: int = 8):
-        self.min_bytes, self.keep = min_bytes, keep
-        self.items: list = []
-        self.lock = threading.Lock()
-
-    def copy(self, a: np.ndarray) -> np.ndarray:
-        """A private copy of ``a`` (C-contiguous), in a free pooled array of its shape and dtype when there is one."""
-        if not isinstance(a, np.ndarray) or a.nbytes < self.min_bytes:
-            return a.copy()
-        with self.lock:  # (no loop variable may hold a pooled array while its references are counted)
-            i = next((i for i in range(len(self.items)) if self._free(i) and self.items[i].shape == a.shape
-                      and self.items[i].dtype == a.dtype), None)
-            out = None if i is None else self.items[i]
-            if out is None:
-                out = np.empty(a.shape, a.dtype)
-                if len(self.items) >= self.keep:
-                    free = [i for i in range(len(self.items)) if self._free(i)]
-                    if not free:
-                        return np.copyto(out, a) or out
-                    del self.items[free[0]]
-                self.items.append(out)
-        np.copyto(out, a)
-        return out
-
-    def _free(self, i: int) -> bool:
-        return sys.getrefcount(self.items[i]) <= 2  # the list's reference and the argument's
-
-    def clear(self) -> None:
-        with self.lock:
-            self.items.clear()
-
-
-_RECYCLE = Recycler()
-
-
-def private_copy(state: dict) -> dict:
-    """:func:`copy_state` into recycled arrays (:class:`Recycler`): the same values."""
-    return {k: _RECYCLE.copy(v) for k, v in state.items()}
-
-
 _THREAD = threading.local()
 
 
@@ -205,6 +154,12 @@ class BlockCache:
 
 _CACHE = BlockCache()
 DEFAULT_CACHE_BYTES = 1 << 30
+# Training decodes every block every pass by default (no block cache): decoding into the reused group buffers
+# (DataRef.load_group) runs at ~600-800M nnz/s per core from the OS page cache, ~8x the kernel, while a cache
+# miss decodes into fresh memory held by the cache (49-85M nnz/s on this machine when the kernel must find huge
+# pages). On the 35k x 16.6M store (2 workers, 4 passes) the cache made the run slower (wall 6.9-9.1 s against
+# 5.8-5.9 s without) and each worker ~1 GB larger; it still serves callers that pass ``cache_bytes``.
+TRAIN_CACHE_BYTES = 0
 
 
 def cache_budget(entries: list, paths: int, path_mode: str, data_dtype: str, budget: int) -> int:
@@ -281,7 +236,7 @@ class RunSpec:
 def advance_task(algo: Algorithm, state: dict, data: DataRef, spec: RunSpec, path: int) -> tuple:
     """Advance a private copy of one path's state by one stage (pure): (the settled state, its summary)."""
     t0 = time.perf_counter()
-    state = algo.working_state(private_copy(state))
+    state = algo.working_state(copy_state(state))
     t_copy = time.perf_counter() - t0
     t_read = t_kernel = 0.0
     nnz = 0
@@ -604,8 +559,9 @@ def _density_cut(ex, algo, states, gref, data, spec, M):
 
 
 def _passes(ex, states) -> list:
-    """Each path's current pass index (its cursor lives with the state, possibly on a worker)."""
-    return [int(ex.result(ex.submit(_cursor_pass, s))) for s in states]
+    """Each path's current pass index (its cursor lives with the state, possibly on a worker); all asked at once."""
+    asked = [ex.submit(_cursor_pass, s) for s in states]
+    return [int(ex.result(a)) for a in asked]
 
 
 def _run_single(algo, states, gstate, data, spec, holdout, evaluate_every):
@@ -635,14 +591,15 @@ def _explain_killed_worker(e: Exception, client, algo, p: int, paths: int, cache
 def train(store_path: str, algo: Algorithm, *, passes: int, paths: int, seed: int = 0, client=None,
           init_states: list | None = None, init_gstate: dict | None = None, warm: tuple | None = None,
           placement: str = "paths", stage_blocks: int = 0, evaluate: bool = True, evaluate_every: int = 1,
-          max_density: float | None = None, cache_bytes: int = DEFAULT_CACHE_BYTES, shuffle_window: int = 4,
+          max_density: float | None = None, cache_bytes: int = TRAIN_CACHE_BYTES, shuffle_window: int = 4,
           progress=None, blocks=None) -> TrainResult:
     """Train ``algo`` on the training blocks of the store for ``passes`` more passes over ``paths`` paths.
 
     ``init_states``/``init_gstate`` resume exactly (same paths); ``warm = (w, bias)`` warm-starts every path
     from an aggregated model. ``client`` is a distributed.Client; with None the loop runs in this process.
     ``blocks`` (block keys) restricts training and the per-stage holdout metrics to those blocks (a window
-    of generations); None: every block of the store.
+    of generations); None: every block of the store. ``cache_bytes``: each worker's budget for decoded training
+    blocks (:class:`BlockCache`; default none, :data:`TRAIN_CACHE_BYTES`).
     """
     from pipeline.store.reader import open_store
     from pipeline.store.stats import calibrate
