@@ -21,6 +21,7 @@ order and give identical models.
 """
 from __future__ import annotations
 
+import threading
 import time
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -50,10 +51,11 @@ def row_order(seed: int, pass_index: int, path: int, block: int, n_rows: int, wi
 def merge_blocks(parts: list, bufs: dict | None = None):
     """Concatenate CSR blocks (indptr, indices, data, y) row-wise (the shuffle window's group).
 
-    ``bufs`` (a dict the caller keeps for a stage): indices and data go into arrays kept there and reused by the
-    next group (grown when too small), valid until the next call with the same dict. Fresh arrays for every
-    group cost their page faults each time: concatenating a pass's groups of the 35k x 16.6M store took
-    0.24-0.32 s into fresh arrays, 0.06 s into reused ones."""
+    ``bufs`` (a dict the caller keeps, e.g. :func:`group_buffers`): indices and data go into arrays kept there
+    and reused by the next group (grown when too small), valid until the next call with the same dict. Fresh
+    arrays for every group cost their page faults each time: concatenating a pass's groups of the 35k x 16.6M
+    store took 0.24-0.32 s into fresh arrays, 0.06 s into reused ones. Parts that already lie in order at the
+    head of those arrays (:meth:`DataRef.load_group` decodes them there) are not copied."""
     if len(parts) == 1:
         return parts[0]
     offs = np.cumsum([0] + [p[0][-1] for p in parts[:-1]])
@@ -65,12 +67,43 @@ def merge_blocks(parts: list, bufs: dict | None = None):
             big.append(np.concatenate(arrays))
             continue
         n = sum(a.shape[0] for a in arrays)
-        dtype = np.result_type(*arrays)
         buf = bufs.get(k)
-        if buf is None or buf.shape[0] < n or buf.dtype != dtype:
-            buf = bufs[k] = np.empty(n, dtype)
-        big.append(np.concatenate(arrays, out=buf[:n]))
+        if _in_place(arrays, buf):
+            big.append(buf[:n])
+            continue
+        big.append(np.concatenate(arrays, out=grow(bufs, k, n, np.result_type(*arrays))))
     return indptr, big[0], big[1], np.concatenate([p[3] for p in parts])
+
+
+def grow(bufs: dict, k, n: int, dtype) -> np.ndarray:
+    """The first ``n`` entries of ``bufs[k]``, replaced by a new array when too small or of another dtype."""
+    buf = bufs.get(k)
+    if buf is None or buf.shape[0] < n or buf.dtype != dtype:
+        buf = bufs[k] = np.empty(n, dtype)
+    return buf[:n]
+
+
+def _in_place(arrays: list, buf) -> bool:
+    """Whether ``arrays`` are consecutive runs of ``buf`` from its start (their concatenation is its head)."""
+    if buf is None:
+        return False
+    at = buf.ctypes.data
+    for a in arrays:
+        if a.dtype != buf.dtype or not a.flags.c_contiguous or (a.shape[0] and a.ctypes.data != at):
+            return False
+        at += a.nbytes
+    return at <= buf.ctypes.data + buf.nbytes
+
+
+_THREAD = threading.local()
+
+
+def group_buffers(name: str = "group") -> dict:
+    """This thread's dict of reused buffers ``name`` (:func:`merge_blocks`' ``bufs``): kept from task to task,
+    so a worker pays the page faults of a stage's group arrays once, not at every stage (fresh memory that
+    the kernel must find huge pages for costs up to ~2 s per GB on a machine whose memory is full of page
+    cache). Tasks run one at a time per thread, each using the arrays only until its next group."""
+    return _THREAD.__dict__.setdefault(name, {})
 
 
 # ------------------------------------------------------------------------------------- I/O
@@ -121,6 +154,12 @@ class BlockCache:
 
 _CACHE = BlockCache()
 DEFAULT_CACHE_BYTES = 1 << 30
+# Training decodes every block every pass by default (no block cache): decoding into the reused group buffers
+# (DataRef.load_group) runs at ~600-800M nnz/s per core from the OS page cache, ~8x the kernel, while a cache
+# miss decodes into fresh memory held by the cache (49-85M nnz/s on this machine when the kernel must find huge
+# pages). On the 35k x 16.6M store (2 workers, 4 passes) the cache made the run slower (wall 6.9-9.1 s against
+# 5.8-5.9 s without) and each worker ~1 GB larger; it still serves callers that pass ``cache_bytes``.
+TRAIN_CACHE_BYTES = 0
 
 
 def cache_budget(entries: list, paths: int, path_mode: str, data_dtype: str, budget: int) -> int:
@@ -156,6 +195,30 @@ class DataRef:
 
         return _CACHE.get((self.store, self.version, self.keys[b]), read, self.cache_bytes)
 
+    def load_group(self, group, bufs: dict):
+        """The blocks ``group`` (indices into ``keys``) as one CSR (:func:`merge_blocks` into ``bufs``). Without
+        a block cache each block is decoded straight into its place in ``bufs``: no fresh arrays, no copy."""
+        if self.cache_bytes > 0:
+            return merge_blocks([self.load(int(g)) for g in group], bufs)
+        st = _open(self.store, self.version)
+        entries = [st.block(self.keys[int(g)]).entry for g in group]
+        heads = decode_heads(st, bufs, sum(int(e["nnz"]) for e in entries))
+        parts, at = [], 0
+        for e in entries:
+            n = int(e["nnz"])
+            blk = st.block(e, (None, heads[0][at:at + n], heads[1][at:at + n], None))
+            parts.append((blk.indptr, blk.indices, blk.data, blk.y))
+            at += n
+        return merge_blocks(parts, bufs)
+
+
+def decode_heads(st, bufs: dict, nnz: int) -> tuple:
+    """Arrays of ``nnz`` entries of the store's indices and data dtypes from ``bufs`` (:func:`grow`), for
+    :meth:`Store.block`'s ``out``."""
+    m = st.manifest
+    return (grow(bufs, 1, nnz, np.dtype(m.get("indices_dtype", "int32"))),
+            grow(bufs, 2, nnz, np.dtype(m.get("data_dtype", "float32"))))
+
 
 # ------------------------------------------------------------------------------------- tasks
 
@@ -182,7 +245,7 @@ def advance_task(algo: Algorithm, state: dict, data: DataRef, spec: RunSpec, pat
     blocks_done = 0
     rows_done = 0
     W = max(1, spec.window)
-    bufs = {}  # the stage's merge buffers (merge_blocks), freed with the task
+    bufs = group_buffers()  # the group's arrays, this thread's (merge_blocks)
     while cur[0] < spec.end_pass:
         if spec.max_rows and rows_done >= spec.max_rows:
             break
@@ -197,7 +260,7 @@ def advance_task(algo: Algorithm, state: dict, data: DataRef, spec: RunSpec, pat
         group = order[cur[1] * W:(cur[1] + 1) * W]
         b = int(group[0])
         t1 = time.perf_counter()
-        indptr, indices, data_, y = merge_blocks([data.load(int(g)) for g in group], bufs)
+        indptr, indices, data_, y = data.load_group(group, bufs)
         t2 = time.perf_counter()
         rows = row_order(spec.seed, int(cur[0]), path, b, y.shape[0], W)
         start = int(cur[2])
@@ -252,7 +315,9 @@ def decide_task(algo, total, gstate, n_paths):
 def eval_task(store: str, version: int, key: str, w, bias: float):
     from pipeline.evaluate import block_partial
 
-    return block_partial(_open(store, version).block(key), w, bias)
+    st = _open(store, version)
+    heads = decode_heads(st, group_buffers("eval"), int(st.block(key).entry["nnz"]))  # the partial keeps neither
+    return block_partial(st.block(key, (None, *heads, None)), w, bias)
 
 
 # ------------------------------------------------------------------------------------- executors
@@ -344,17 +409,37 @@ class TrainResult:
 
 
 def _evaluate(ex, data_holdout, decision, algo):
+    return _metrics(ex, data_holdout, _submit_evaluation(ex, data_holdout, decision, algo))
+
+
+def _submit_evaluation(ex, data_holdout, decision, algo):
+    """The merged holdout partial of the model ``decision`` (a future with Dask), or None without holdout."""
     store, version, keys, kind = data_holdout
     if not keys:
         return None
-    from pipeline.evaluate import merge_partials, metrics_from_partial
+    from pipeline.evaluate import merge_partials
 
     wb = ex.submit(algo.weights, decision)
     w = ex.first(wb, 0)
     bias = ex.first(wb, 1)
     parts = [ex.submit(eval_task, store, version, k, w, bias) for k in keys]
-    total = ex.result(tree(ex, parts, merge_partials))
-    return metrics_from_partial(total, kind)
+    return tree(ex, parts, merge_partials)
+
+
+def _metrics(ex, data_holdout, total):
+    from pipeline.evaluate import metrics_from_partial
+
+    return None if total is None else metrics_from_partial(ex.result(total), data_holdout[3])
+
+
+def _report(ex, rec: dict, due: bool, evaluation, holdout, history: list, progress) -> None:
+    """Record (and pass to ``progress``) a finished stage's ``rec``, with the holdout metrics of ``evaluation``
+    (:func:`_submit_evaluation`) when they are ``due``."""
+    if due:
+        rec["holdout"] = _metrics(ex, holdout, evaluation)
+    history.append(rec)
+    if progress:
+        progress(rec)
 
 
 def run_stages(ex, algo: Algorithm, states: list, gstate: dict, data: DataRef, spec: RunSpec,
@@ -369,6 +454,9 @@ def run_stages(ex, algo: Algorithm, states: list, gstate: dict, data: DataRef, s
     """
     M = spec.n_paths
     history = []
+    # A stage's record waits for the next stage's tasks: its holdout metrics (about 0.1 s of one worker per pass
+    # at 16.6M features) are submitted after them and run beside the stage-end exchange, not before the stage.
+    pending = None  # (record, the decision to evaluate or None) of the last stage, not yet reported
     decision = None
     stage = 0
     t_start = time.time()
@@ -385,12 +473,16 @@ def run_stages(ex, algo: Algorithm, states: list, gstate: dict, data: DataRef, s
         # between stages, two only during the advance)
         before = (states, gstate, gref, decision) if spec.max_density is not None else None
         states, total = advance_stage(ex, algo, states, data, spec)
+        evaluation = _submit_evaluation(ex, holdout, pending[1], algo) if pending and pending[1] is not None else None
         out = ex.submit(decide_task, algo, total, gref, M)
         del total  # the summaries are released once decided (they would stay in memory through the next stage)
         decision = ex.first(out, 0)
         gref = ex.first(out, 1)  # the next stage reads it where it was made, not from the client
         gstate = ex.result(gref)
         diag = ex.result(ex.first(out, 2))
+        if pending is not None:
+            _report(ex, pending[0], pending[1] is not None, evaluation, holdout, history, progress)
+            pending = None
         if spec.max_density is not None and diag.get("density", 0.0) > spec.max_density:
             # the bound is reached inside this stage: find the most rows per path that keep the mixed model
             # within it (galloping, then bisection, each probe re-running the stage from its start; pure
@@ -419,13 +511,13 @@ def run_stages(ex, algo: Algorithm, states: list, gstate: dict, data: DataRef, s
         rec = {"stage": stage, "pass": min(passes), **diag, "seconds": round(time.time() - t0, 4),
                "elapsed": round(time.time() - t_start, 3)}
         done = min(passes) >= spec.end_pass or algo.finished(gstate)
-        if holdout is not None and (stage % evaluate_every == 0 or done):
-            rec["holdout"] = _evaluate(ex, holdout, decision, algo)
-        history.append(rec)
-        if progress:
-            progress(rec)
+        pending = (rec, decision if holdout is not None and (stage % evaluate_every == 0 or done) else None)
         if algo.finished(gstate):
             break
+    if pending is not None:  # the last stage: its metrics now
+        due = pending[1] is not None
+        _report(ex, pending[0], due, _submit_evaluation(ex, holdout, pending[1], algo) if due else None, holdout,
+                history, progress)
     return states, gstate, decision, history
 
 
@@ -467,8 +559,9 @@ def _density_cut(ex, algo, states, gref, data, spec, M):
 
 
 def _passes(ex, states) -> list:
-    """Each path's current pass index (its cursor lives with the state, possibly on a worker)."""
-    return [int(ex.result(ex.submit(_cursor_pass, s))) for s in states]
+    """Each path's current pass index (its cursor lives with the state, possibly on a worker); all asked at once."""
+    asked = [ex.submit(_cursor_pass, s) for s in states]
+    return [int(ex.result(a)) for a in asked]
 
 
 def _run_single(algo, states, gstate, data, spec, holdout, evaluate_every):
@@ -498,14 +591,15 @@ def _explain_killed_worker(e: Exception, client, algo, p: int, paths: int, cache
 def train(store_path: str, algo: Algorithm, *, passes: int, paths: int, seed: int = 0, client=None,
           init_states: list | None = None, init_gstate: dict | None = None, warm: tuple | None = None,
           placement: str = "paths", stage_blocks: int = 0, evaluate: bool = True, evaluate_every: int = 1,
-          max_density: float | None = None, cache_bytes: int = DEFAULT_CACHE_BYTES, shuffle_window: int = 4,
+          max_density: float | None = None, cache_bytes: int = TRAIN_CACHE_BYTES, shuffle_window: int = 4,
           progress=None, blocks=None) -> TrainResult:
     """Train ``algo`` on the training blocks of the store for ``passes`` more passes over ``paths`` paths.
 
     ``init_states``/``init_gstate`` resume exactly (same paths); ``warm = (w, bias)`` warm-starts every path
     from an aggregated model. ``client`` is a distributed.Client; with None the loop runs in this process.
     ``blocks`` (block keys) restricts training and the per-stage holdout metrics to those blocks (a window
-    of generations); None: every block of the store.
+    of generations); None: every block of the store. ``cache_bytes``: each worker's budget for decoded training
+    blocks (:class:`BlockCache`; default none, :data:`TRAIN_CACHE_BYTES`).
     """
     from pipeline.store.reader import open_store
     from pipeline.store.stats import calibrate

@@ -56,6 +56,7 @@ class Block:
     store: str = ""
     sources: list | None = None
     check: bool | None = None  # verify the checksum on read (None: :func:`verify_default`)
+    out: tuple | None = None  # arrays to decode indptr, indices, data, labels into (their heads; see _raw)
 
     def error(self, cause: str) -> StoreCorruptError:
         return corrupt(self.store or os.path.dirname(os.path.dirname(self.path)), self.entry, cause, self.sources)
@@ -63,13 +64,15 @@ class Block:
     @cached_property
     def _raw(self):
         """The four arrays as stored, with their lengths checked against the manifest (rows, nnz); a missing
-        or undecodable array is a :class:`StoreCorruptError`."""
+        or undecodable array is a :class:`StoreCorruptError`. With ``out``, each array is decoded into the head
+        of its given array where dtype and length allow (a view of it; :func:`pipeline.store.format.read_array`),
+        so a reader reusing memory pays no page faults for a fresh array per block."""
         if not os.path.isdir(self.path) and "://" not in self.path:
             raise self.error("its directory is missing")
         arrays = []
-        for n in ARRAYS:
+        for i, n in enumerate(ARRAYS):
             try:
-                arrays.append(fmt.read_array(self.path, n))
+                arrays.append(fmt.read_array(self.path, n, None if self.out is None else self.out[i]))
             except Exception as e:  # a blosc, zarr or OS error: all mean the chunk cannot be read back
                 raise self.error(f"array '{n}' cannot be read ({type(e).__name__}: {str(e) or 'no detail'})") from e
         indptr, indices, data, labels = arrays
@@ -158,6 +161,10 @@ class Store:
     def label_kind(self) -> str:
         return self.manifest["labels"]["kind"]
 
+    @cached_property
+    def _by_key(self) -> dict:
+        return {b["key"]: b for b in self.manifest["blocks"]}
+
     def entries(self, split: str = "train", keys=None) -> list[dict]:
         """The manifest entries of ``split`` in row order; only those whose block key is in ``keys`` when given."""
         if split not in SPLITS:
@@ -180,14 +187,15 @@ class Store:
         gens = None if generations is None else set(generations)
         return [e["key"] for e in self.entries(split) if gens is None or int(e.get("generation", 1)) in gens]
 
-    def block(self, entry_or_key) -> Block:
+    def block(self, entry_or_key, out: tuple | None = None) -> Block:
+        """The block of a manifest entry or key; ``out``: see :attr:`Block.out`."""
         e = entry_or_key
         if isinstance(e, str):
-            e = next((b for b in self.manifest["blocks"] if b["key"] == e), None)
+            e = self._by_key.get(e)
             if e is None:
                 raise KeyError(f"{self.path}: no block {entry_or_key!r} in the manifest")
         return Block(e["key"], f"{self.path}/blocks/{e['key']}", e, self.n_features, self.path,
-                     self.manifest.get("sources"), self.verify)
+                     self.manifest.get("sources"), self.verify, out)
 
     def expect_reads(self, entries) -> None:
         """Before reading the blocks of ``entries``: their decoded size, for the checksum's choice between its
