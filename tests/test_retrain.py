@@ -386,3 +386,21 @@ def test_kill_9_during_refit_then_rerun_equals_uninterrupted(refit1, days, tmp_p
     want = dict(refit1[1][1]["candidate"]["refit"], seconds=res["candidate"]["refit"]["seconds"])
     assert res["candidate"]["refit"] == want
     assert snapshot(d) == snapshot(refit1[0])
+
+
+def test_an_stsgd_job_refits_by_default_like_train(days, tmp_path):
+    """[refit] enabled defaults to train's rule: on for stsgd (no [refit] table), off when the table says so."""
+    tg_train = 'algo = "tg"\npasses = 3\nworkers = 0\neta = 0.5\ngravity = 0.001\nscale = "none"\n'
+    models = {}
+    for name, extra in (("default", ""), ("off", "[refit]\nenabled = false\n")):
+        d = str(tmp_path / name)
+        p = _job(d, extra)
+        text = open(p).read()
+        assert tg_train in text
+        open(p, "w").write(text.replace(tg_train, 'algo = "stsgd"\npasses = 2\nworkers = 0\n'))
+        code, res = _run(d, [days[1]])
+        assert code == EXIT_OK and res["status"] == "promoted", res
+        models[name] = open_registry(os.path.join(d, "models")).production()
+    on, off = models["default"], models["off"]
+    assert "refit" in on.meta and "refit" not in off.meta
+    assert on.meta["refit"]["nnz_before"] == off.nnz and set(on.coef_indices) <= set(off.coef_indices)
