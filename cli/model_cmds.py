@@ -11,34 +11,26 @@ from cli.app import Progress, app, apply_verify, emit_json, fail, json_line, no_
 from cli.train_options import RUN_KEYS, SWITCHES, TrainingOptions, read_config, training_options  # noqa: F401
 
 
-def refit_l1_option(flag: str, default):
-    return typer.Option(default, flag, help="L1 penalty of the refit on the mean loss: 'auto' (default: a path "
-                                            "fitted on 80% of the training rows, chosen on the other 20%; the "
-                                            "plain L2 refit at >= 20 training rows per selected column) or a "
-                                            "number; 0 refits with L2 only (fewer passes over the store).")
+# The refit's options, shared by `train` (--refit-*) and `sparsepipe refit` (--l1, ...): default, bounds, help.
+_REFIT_OPTIONS = {
+    "l1": (None, {}, "L1 penalty of the refit on the mean loss: 'auto' (default: a path fitted on 80% of the "
+                     "training rows, chosen on the other 20%; the plain L2 refit at >= 20 training rows per "
+                     "selected column) or a number; 0 refits with L2 only (fewer passes over the store)."),
+    "l2": (None, {"min": 0.0}, "L2 penalty of the refit on the mean loss (default 3e-3 / training rows: 1e-7 at "
+                               "31k rows)."),
+    "iters": (None, {"min": 1}, "L-BFGS-B iterations of the refit's final fit at most (default 100)."),
+    "relax": (False, {}, "With the 'auto' L1 penalty, also score Meinshausen's relaxed fits (phi x lambda on the "
+                         "lasso's support at lambda, phi 1/2, 1/4, 1/8): sparser models at equal validation loss "
+                         "on large sets, for twice the passes; less reliable on small ones."),
+    "kkt": (None, {"min": 0}, "After an L1 refit, check its KKT conditions on every column (a pass over the full "
+                              "rows) and let up to N rounds add violating columns to the support (0: report only)."),
+}
 
 
-def refit_l2_option(flag: str):
-    return typer.Option(None, flag, min=0.0, help="L2 penalty of the refit on the mean loss (default 3e-3 / "
-                                                  "training rows: 1e-7 at 31k rows).")
-
-
-def refit_iters_option(flag: str):
-    return typer.Option(None, flag, min=1, help="L-BFGS-B iterations of the refit's final fit at most "
-                                                "(default 100).")
-
-
-def refit_relax_option(flag: str):
-    return typer.Option(False, flag, help="With the 'auto' L1 penalty, also score Meinshausen's relaxed fits "
-                                          "(phi x lambda on the lasso's support at lambda, phi 1/2, 1/4, 1/8): "
-                                          "sparser models at equal validation loss on large sets, for twice the "
-                                          "passes; less reliable on small ones.")
-
-
-def refit_kkt_option(flag: str):
-    return typer.Option(None, flag, min=0, help="After an L1 refit, check its KKT conditions on every column (a "
-                                                "pass over the full rows) and let up to N rounds add violating "
-                                                "columns to the support (0: report only).")
+def refit_option(name: str, flag: str, default=...):
+    """The typer option of the refit setting ``name`` (a key of _REFIT_OPTIONS) under ``flag``."""
+    dflt, bounds, text = _REFIT_OPTIONS[name]
+    return typer.Option(dflt if default is ... else default, flag, help=text, **bounds)
 
 
 @app.command(context_settings={"help_option_names": ["--help", "-h"]})
@@ -60,11 +52,11 @@ def train(
                                               "when logistic or squared; hinge-trained models are refitted "
                                               "with logistic loss. Holdout metrics are then the refitted "
                                               "model's; the file keeps the learner's state for --init-model."),
-    refit_l1: Optional[str] = refit_l1_option("--refit-l1", None),
-    refit_kkt: Optional[int] = refit_kkt_option("--refit-kkt"),
-    refit_relax: bool = refit_relax_option("--refit-relax"),
-    refit_l2: Optional[float] = refit_l2_option("--refit-l2"),
-    refit_iters: Optional[int] = refit_iters_option("--refit-iters"),
+    refit_l1: Optional[str] = refit_option("l1", "--refit-l1"),
+    refit_kkt: Optional[int] = refit_option("kkt", "--refit-kkt"),
+    refit_relax: bool = refit_option("relax", "--refit-relax"),
+    refit_l2: Optional[float] = refit_option("l2", "--refit-l2"),
+    refit_iters: Optional[int] = refit_option("iters", "--refit-iters"),
     training: TrainingOptions = None,
 ):
     """Train a sparse linear model over the store's training blocks; report holdout metrics per pass.

@@ -8,8 +8,7 @@ from typing import Optional
 import typer
 
 from cli.app import app, apply_verify, emit_json, fail, no_verify_option, user_errors
-from cli.model_cmds import (refit_iters_option, refit_kkt_option, refit_l1_option, refit_l2_option, refit_options,
-                            refit_relax_option)
+from cli.model_cmds import refit_option, refit_options
 
 
 @app.command()
@@ -58,11 +57,11 @@ def refit(
     model: Path = typer.Argument(..., help="Model file (any algorithm; its non-zero weights are the support S)."),
     store: Path = typer.Argument(..., help="Store whose training blocks the refit reads (holdout: metrics only)."),
     out: Path = typer.Option(..., "--out", "-o", help="Refitted model file to write."),
-    l1: str = refit_l1_option("--l1", "auto"),
-    l2: Optional[float] = refit_l2_option("--l2"),
-    iters: Optional[int] = refit_iters_option("--iters"),
-    kkt: Optional[int] = refit_kkt_option("--kkt"),
-    relax: bool = refit_relax_option("--relax"),
+    l1: str = refit_option("l1", "--l1", "auto"),
+    l2: Optional[float] = refit_option("l2", "--l2"),
+    iters: Optional[int] = refit_option("iters", "--iters"),
+    kkt: Optional[int] = refit_option("kkt", "--kkt"),
+    relax: bool = refit_option("relax", "--relax"),
     workers: Optional[int] = typer.Option(None, "--workers", min=1, help="Start a local cluster of N processes "
                                                                          "(default: threads in this process)."),
     scheduler: Optional[str] = typer.Option(None, "--scheduler", help="Join this Dask scheduler instead."),

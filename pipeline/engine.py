@@ -201,7 +201,7 @@ class DataRef:
         if self.cache_bytes > 0:
             return merge_blocks([self.load(int(g)) for g in group], bufs)
         st = _open(self.store, self.version)
-        entries = [st.block(self.keys[int(g)]).entry for g in group]
+        entries = [st.entry(self.keys[int(g)]) for g in group]
         heads = decode_heads(st, bufs, sum(int(e["nnz"]) for e in entries))
         parts, at = [], 0
         for e in entries:
@@ -215,9 +215,7 @@ class DataRef:
 def decode_heads(st, bufs: dict, nnz: int) -> tuple:
     """Arrays of ``nnz`` entries of the store's indices and data dtypes from ``bufs`` (:func:`grow`), for
     :meth:`Store.block`'s ``out``."""
-    m = st.manifest
-    return (grow(bufs, 1, nnz, np.dtype(m.get("indices_dtype", "int32"))),
-            grow(bufs, 2, nnz, np.dtype(m.get("data_dtype", "float32"))))
+    return grow(bufs, 1, nnz, st.indices_dtype), grow(bufs, 2, nnz, st.data_dtype)
 
 
 # ------------------------------------------------------------------------------------- tasks
@@ -316,7 +314,7 @@ def eval_task(store: str, version: int, key: str, w, bias: float):
     from pipeline.evaluate import block_partial
 
     st = _open(store, version)
-    heads = decode_heads(st, group_buffers("eval"), int(st.block(key).entry["nnz"]))  # the partial keeps neither
+    heads = decode_heads(st, group_buffers("eval"), int(st.entry(key)["nnz"]))  # the partial keeps neither
     return block_partial(st.block(key, (None, *heads, None)), w, bias)
 
 
@@ -617,7 +615,7 @@ def train(store_path: str, algo: Algorithm, *, passes: int, paths: int, seed: in
                          f"--algo {algo.name} paths split the blocks: use --paths <= {len(train_entries)} "
                          f"or re-ingest with a smaller --block-mb")
     version = st.manifest["manifest_version"]
-    dtype = st.manifest.get("data_dtype", "float32")
+    dtype = st.data_dtype
     cache_bytes = cache_budget(train_entries, paths, algo.path_mode, dtype, int(cache_bytes))
     if client is not None:  # refuse what the workers' memory_limit cannot hold; a cache only where it fits
         from pipeline.memory import check_fits

@@ -296,7 +296,7 @@ class RefitProblem:
         if not any(x > 0 for x in limits):
             return cache_bytes
         nnz = int(self.support_stats()[0].sum())
-        share = (nnz * (4 + np.dtype(self._store.manifest.get("data_dtype", "float32")).itemsize)
+        share = (nnz * (4 + self._store.data_dtype.itemsize)
                  + 24 * self.n_rows) / len(limits)
         budget = min(cache_bytes, min(x for x in limits if x > 0) - REFIT_WORKER_BASE)
         return cache_bytes if share <= budget else 0
@@ -375,7 +375,7 @@ def solve(prob: RefitProblem, x0, l1: float = 0.0, part: str = "all", max_iter: 
     the others at exactly 0. ``active`` (bool over S, l1 > 0): the other columns are held at exactly 0 (bounds
     [0, 0]): the relaxed lasso's refit on a lasso solution's support.
     """
-    from scipy.optimize import minimize
+    from scipy.optimize import Bounds, minimize
 
     x0 = np.asarray(x0, dtype=np.float64)
     sc = prob.precondition()
@@ -397,12 +397,12 @@ def solve(prob: RefitProblem, x0, l1: float = 0.0, part: str = "all", max_iter: 
         return f + float(pen @ (z[:n] + z[n:2 * n])), np.concatenate([gw + pen, pen - gw, g[-1:]])
 
     z0 = np.concatenate([np.maximum(x0[:-1], 0.0) * sc, np.maximum(-x0[:-1], 0.0) * sc, x0[-1:]])
-    bounds = [(0.0, None)] * (2 * n) + [(None, None)]
+    upper = np.full(2 * n + 1, np.inf)
     if active is not None:
-        for j in np.flatnonzero(~np.asarray(active, dtype=bool)):
-            bounds[j] = bounds[n + j] = (0.0, 0.0)
-            z0[j] = z0[n + j] = 0.0
-    res = minimize(fun, z0, jac=True, method="L-BFGS-B", bounds=bounds, options=opts)
+        off = np.tile(~np.asarray(active, dtype=bool), 2)
+        upper[:2 * n][off] = z0[:2 * n][off] = 0.0
+    lower = np.append(np.zeros(2 * n), -np.inf)
+    res = minimize(fun, z0, jac=True, method="L-BFGS-B", bounds=Bounds(lower, upper), options=opts)
     return np.append((res.x[:n] - res.x[n:2 * n]) / sc, res.x[-1]), res
 
 
@@ -413,6 +413,12 @@ def _scored(prob: RefitProblem, theta, res, l1: float, l1_select: float, phi: fl
     se = float(np.sqrt(max(tot[3] / tot[2] - mean * mean, 0.0) / max(tot[2] - 1, 1)))
     return {"l1": l1, "l1_select": l1_select, "phi": phi, "val_loss": float(mean), "val_se": se,
             "nnz": int(np.count_nonzero(theta[:-1])), "iterations": int(res.nit)}
+
+
+def _within_one_se(path: list) -> list:
+    """Indices of the path entries whose validation loss is within one standard error of the best's."""
+    best = min(path, key=lambda e: e["val_loss"])
+    return [i for i, e in enumerate(path) if e["val_loss"] <= best["val_loss"] + best["val_se"]]
 
 
 def l1_path(prob: RefitProblem, max_iter: int, tol: float, per_decade: int = PATH_PER_DECADE,
@@ -429,8 +435,8 @@ def l1_path(prob: RefitProblem, max_iter: int, tol: float, per_decade: int = PAT
     minimises F_fit + φ·λ_k·‖w‖₁ over w supported on S_k (φ < 1: less shrinkage of the selected weights), for φ in
     ``relax`` while the validation loss falls, at the lasso's best point and then at larger λ_k while the best
     relaxed loss improves. The choice over all entries (φ = 1 is the lasso): the sparsest whose validation loss is
-    within one standard error of the best. Returns (φ·λ_k, theta on the fit rows, S_k as a bool mask over S or None
-    for a lasso entry, the path as a list of dicts)."""
+    within one standard error of the best. Returns (the chosen entry: its "l1" = φ·λ_k, "phi"; theta on the fit
+    rows, S_k as a bool mask over S or None for a lasso entry, the path as a list of dicts)."""
     s = prob.support.size
     tot = prob.sums(np.zeros(s), 0.0, "fit")  # ℓ'(0, y): logistic −y/2, squared −y
     ybar = -tot[1] / tot[2] * (2.0 if prob.loss == "logistic" else 1.0)
@@ -447,23 +453,22 @@ def l1_path(prob: RefitProblem, max_iter: int, tol: float, per_decade: int = PAT
         best = min(range(len(path)), key=lambda i: path[i]["val_loss"])
         if len(path) - 1 - best >= patience or path[-1]["nnz"] == s:
             break
-    lasso, relaxed_best = list(zip(path, thetas)), np.inf
-    bound = path[best]["val_loss"] + path[best]["val_se"]
-    pick = next(i for i in range(len(path)) if path[i]["val_loss"] <= bound)
+    pick = _within_one_se(path)[0]  # the largest λ within one SE (the path's penalties decrease)
     for j in range(1, refine + 1) if pick > 0 else ():  # between the one-SE choice and the larger λ outside
         lam = path[pick]["l1"] * 10.0 ** (j / (per_decade * (refine + 1)))
         theta, res = solve(prob, thetas[-1] if j > 1 else thetas[pick], lam, "fit", max_iter, tol)
         path.append({**_scored(prob, theta, res, lam, lam, 1.0), "refined": True})
         thetas.append(theta)
         masks.append(None)
-    for k in range(best, -1, -1):
-        active = lasso[k][1][:-1] != 0
+    relaxed_best = np.inf
+    for k in range(best, -1, -1):  # the coarse lasso points: the first entries of the path
+        active = thetas[k][:-1] != 0
         if not active.any():
             break
-        theta, point_best = lasso[k][1], np.inf
+        theta, point_best, lam = thetas[k], np.inf, path[k]["l1"]
         for phi in relax:
-            theta, res = solve(prob, theta, phi * lasso[k][0]["l1"], "fit", max_iter, tol, active)
-            path.append(_scored(prob, theta, res, phi * lasso[k][0]["l1"], lasso[k][0]["l1"], phi))
+            theta, res = solve(prob, theta, phi * lam, "fit", max_iter, tol, active)
+            path.append(_scored(prob, theta, res, phi * lam, lam, phi))
             thetas.append(theta)
             masks.append(active)
             if path[-1]["val_loss"] >= point_best:
@@ -472,12 +477,9 @@ def l1_path(prob: RefitProblem, max_iter: int, tol: float, per_decade: int = PAT
         if point_best >= relaxed_best:
             break
         relaxed_best = point_best
-    best = min(range(len(path)), key=lambda i: path[i]["val_loss"])
-    bound = path[best]["val_loss"] + path[best]["val_se"]
-    pick = min((i for i in range(len(path)) if path[i]["val_loss"] <= bound),
-               key=lambda i: (path[i]["nnz"], -path[i]["l1"]))
+    pick = min(_within_one_se(path), key=lambda i: (path[i]["nnz"], -path[i]["l1"]))
     path[pick]["chosen"] = True
-    return path[pick]["l1"], thetas[pick], masks[pick], path
+    return path[pick], thetas[pick], masks[pick], path
 
 
 def kkt_expand(prob: RefitProblem, x, res, l1: float, rounds: int, max_iter: int, tol: float):
@@ -552,8 +554,8 @@ def refit(model, store_path: str, client=None, l2: float = DEFAULT_L2, max_iter:
     active, phi = None, None
     if l1 == "auto":
         relax = RELAX if relax and kkt_rounds is None else ()  # the KKT check certifies the lasso's optimum
-        l1, x0, active, path = l1_path(prob, min(max_iter, PATH_MAX_ITER), tol, relax=relax)
-        phi = next(p["phi"] for p in path if p.get("chosen"))
+        chosen, x0, active, path = l1_path(prob, min(max_iter, PATH_MAX_ITER), tol, relax=relax)
+        l1, phi = chosen["l1"], chosen["phi"]
         rule = "validated path" + (" (relaxed)" if relax else "")
     x, res = solve(prob, x0, float(l1), "all", max_iter, tol, active)
     kkt, evaluations = None, prob.evaluations

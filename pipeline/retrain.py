@@ -496,9 +496,8 @@ def _run_locked(cfg, reg, lock, clients, new_inputs, force, steps, t_all, say):
     candidate, tinfo = _train(cfg, reg, run, st, train_keys, production, clients, say)
     from pipeline.refit import refit, refit_by_default
 
-    if cfg.refit.get("enabled", refit_by_default(cfg.algo)):  # deterministic: a re-run after a kill refits the
-        # checkpoint again, identically
-
+    # deterministic: a re-run after a kill refits the checkpoint again, identically
+    if cfg.refit.get("enabled", refit_by_default(cfg.algo)):
         candidate = refit(candidate, st.path, client=clients.train_client(), blocks=train_keys,
                           progress=lambda n: fault("during_refit"),
                           **{k: v for k, v in cfg.refit.items() if k != "enabled"})

@@ -35,13 +35,18 @@ def packed_is_smaller(nnz: int, n: int, itemsize: int, idx_itemsize: int = 8) ->
     return nnz * (idx_itemsize + itemsize) < n * itemsize
 
 
+def _bits(v: np.ndarray) -> np.ndarray:
+    """``v`` viewed as signed integers of its item size: an entry is "non-zero" when its bits are (−0.0 too)."""
+    return v.view(np.dtype(f"i{v.dtype.itemsize}"))
+
+
 def pack_nonzero(v: np.ndarray) -> tuple:
     """A settled state's form of a per-feature array, the smaller of two, both flat arrays that
     :func:`unpack_nonzero` restores bit for bit: packed, (idx int64, values) of the entries whose bits are not all
     zero (−0.0 is kept) in increasing idx, when :func:`packed_is_smaller`; else dense, (an empty idx, a copy of
     ``v``). A dense-ish array therefore never costs more than itself between stages."""
     v = np.asarray(v)
-    bits = v.view(np.dtype(f"i{v.dtype.itemsize}"))
+    bits = _bits(v)
     if not packed_is_smaller(int(np.count_nonzero(bits)), v.shape[0], v.dtype.itemsize):
         return np.zeros(0, np.int64), v.copy()
     idx = np.flatnonzero(bits).astype(np.int64, copy=False)
@@ -77,7 +82,7 @@ def nonzero_entries(idx: np.ndarray, values: np.ndarray) -> tuple:
     """(idx int64, values) of the entries whose bits are not all zero, of either form of :func:`pack_nonzero`."""
     if not is_dense_form(idx, values):
         return idx, values
-    nz = np.flatnonzero(values.view(np.dtype(f"i{values.dtype.itemsize}"))).astype(np.int64, copy=False)
+    nz = np.flatnonzero(_bits(values)).astype(np.int64, copy=False)
     return nz, values[nz]
 
 

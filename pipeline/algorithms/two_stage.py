@@ -46,6 +46,7 @@ from pipeline.sparsify import METHODS, NNZ_MODES, check_epsilon, sparsify_vector
 
 STAGE1 = {"epoch-gd": K.MODE_EPOCH, "averaged-sgd": K.MODE_SGD}
 DENSE_KEYS = ("w", "c", "wsum", "sumsq")  # the kernel's float64[p] arrays, with ``last``
+COMPACT_KEYS = tuple(f"{k}_{x}" for k in DENSE_KEYS for x in ("idx", "val")) + ("last_val", "width")
 INT32_MAX = int(np.iinfo(np.int32).max)
 
 
@@ -170,14 +171,12 @@ class TwoStage(Algorithm):
         if "w" in state:
             return state
         p = int(state["width"][0])
-        out = {k: v for k, v in state.items() if k not in self._compact_keys}
+        out = {k: v for k, v in state.items() if k not in COMPACT_KEYS}
         for k in DENSE_KEYS:
             out[k] = unpack_nonzero(state[f"{k}_idx"], state[f"{k}_val"], p)
         stamp = np.int32 if int(state["istate"][K.IS_T]) + 2 <= INT32_MAX else np.int64
         out["last"] = unpack_nonzero(state["w_idx"], state["last_val"], p, stamp, fill=1)
         return out
-
-    _compact_keys = tuple(f"{k}_{x}" for k in DENSE_KEYS for x in ("idx", "val")) + ("last_val", "width")
 
     def settle(self, state):
         """The compact state of a dense one (see the module docstring)."""

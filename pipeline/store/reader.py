@@ -162,8 +162,23 @@ class Store:
         return self.manifest["labels"]["kind"]
 
     @cached_property
+    def indices_dtype(self) -> np.dtype:
+        return np.dtype(self.manifest.get("indices_dtype", "int32"))
+
+    @cached_property
+    def data_dtype(self) -> np.dtype:
+        return np.dtype(self.manifest.get("data_dtype", "float32"))
+
+    @cached_property
     def _by_key(self) -> dict:
         return {b["key"]: b for b in self.manifest["blocks"]}
+
+    def entry(self, key: str) -> dict:
+        """The manifest entry of block ``key`` (KeyError naming the store when there is none)."""
+        e = self._by_key.get(key)
+        if e is None:
+            raise KeyError(f"{self.path}: no block {key!r} in the manifest")
+        return e
 
     def entries(self, split: str = "train", keys=None) -> list[dict]:
         """The manifest entries of ``split`` in row order; only those whose block key is in ``keys`` when given."""
@@ -189,11 +204,7 @@ class Store:
 
     def block(self, entry_or_key, out: tuple | None = None) -> Block:
         """The block of a manifest entry or key; ``out``: see :attr:`Block.out`."""
-        e = entry_or_key
-        if isinstance(e, str):
-            e = self._by_key.get(e)
-            if e is None:
-                raise KeyError(f"{self.path}: no block {entry_or_key!r} in the manifest")
+        e = self.entry(entry_or_key) if isinstance(entry_or_key, str) else entry_or_key
         return Block(e["key"], f"{self.path}/blocks/{e['key']}", e, self.n_features, self.path,
                      self.manifest.get("sources"), self.verify, out)
 
@@ -202,8 +213,7 @@ class Store:
         Python hash and the numba kernel (:func:`pipeline.store.checksum.expect`)."""
         from pipeline.store import checksum
 
-        m = self.manifest
-        per_nnz = np.dtype(m.get("indices_dtype", "int32")).itemsize + np.dtype(m.get("data_dtype", "float32")).itemsize
+        per_nnz = self.indices_dtype.itemsize + self.data_dtype.itemsize
         checksum.expect(sum(12 * int(e["rows"]) + per_nnz * int(e["nnz"]) for e in entries))
 
     def blocks(self, split: str = "train"):
