@@ -15,11 +15,13 @@ to full scale.
    first, so only the arithmetic and the memory traffic are timed: the physical limit of one core here (a
    third variant prefetches w ahead in the scoring sweep, as TG's kernel does since this benchmark found
    that the plain loops leave most of the memory parallelism unused);
-2. our kernel alone: TG with its default hyper-parameters (scale "data", resolved on the store) through
-   ``Algorithm.advance`` exactly as the engine calls it, on the same in-memory blocks, in one process, rows
-   in block order and (second figure) in the engine's order (shuffle window of 4 blocks, merged beforehand);
-   the end-of-pass flush (O(p)) is timed on its own;
-3. the whole command: ``sparsepipe train STORE --algo A --passes P --workers W`` for P = 1 and 3; the marginal
+2. our kernel alone: each algorithm of ``--algos`` with its default hyper-parameters (scale "data", resolved
+   on the store), one path, through ``Algorithm.advance`` exactly as the engine calls it, on the same
+   in-memory blocks, in one process, rows in block order and (second figure) in the engine's order (shuffle
+   window of 4 blocks, merged beforehand); the working state's pages are touched before timing and the
+   end-of-stage flush (O(p)) is timed on its own;
+3. the whole command: ``sparsepipe train STORE --algo A --passes P --workers W`` for P = 1 and 3 (``--no-refit``
+   where the algorithm refits by default: the refit is not a pass, benchmarks.webspam times it); the marginal
    pass is (t3 − t1) / 2, wall and core-seconds (W workers: ×W); beside it the seconds the command itself
    reports for its passes 2 and 3 (one process each, so free of the start-up noise of two runs; holdout
    metrics included), and the engine's copy / read / kernel split per worker;
@@ -115,13 +117,25 @@ def tight(blocks, nnz: int, p: int, eta: float, reps: int) -> list[dict]:
     return out
 
 
-def kernel(blocks, st, nnz: int, reps: int, window: int = 4) -> list[dict]:
-    """TG's kernel (defaults) through ``Algorithm.advance`` as the engine calls it, one process, one path."""
+def _touched(algo, state: dict) -> dict:
+    """The stage's working arrays of ``state`` with every page written once (bits unchanged), so the timing
+    leaves out the first-touch page faults the engine counts as its copy."""
+    state = algo.working_state(state)
+    for a in state.values():
+        if isinstance(a, np.ndarray) and a.nbytes >= 1 << 20:
+            a.reshape(-1).view(np.uint8)[::4096] |= 0
+    return state
+
+
+def kernel(blocks, st, nnz: int, reps: int, name: str = "tg", window: int = 4) -> tuple[list[dict], float]:
+    """The algorithm's kernel (defaults, one path) through ``Algorithm.advance`` as the engine calls it, one
+    process; each rep is a first pass (a fresh state) over every training row as one stage, timed without the
+    stage end (flush, timed apart)."""
     from pipeline.algorithms import make_algorithm
     from pipeline.engine import merge_blocks, path_blocks, row_order
     from pipeline.store.stats import calibrate
 
-    algo = make_algorithm("tg", {})
+    algo = make_algorithm(name, {})
     calibrate(algo, st)
     p = st.n_features
     # the engine's order for path 0 of 1, pass 0: groups of `window` blocks merged, rows permuted across them
@@ -132,24 +146,23 @@ def kernel(blocks, st, nnz: int, reps: int, window: int = 4) -> list[dict]:
     out = []
     for label, data, rows in (("block order", blocks, [np.arange(b[3].shape[0], dtype=np.int64) for b in blocks]),
                               ("engine order (window 4)", groups, rows_eng)):
-        state = algo.init_path(p, 0)
-        for k in algo.feature_keys:  # touch every page before timing
-            if k in state:
-                state[k].fill(0.0)
-        algo.advance(state, data[0][0][:3], data[0][1], data[0][2], data[0][3], np.arange(2, dtype=np.int64), 0, 0)
         times, flush = [], []
-        for rep in range(reps):
+        for _ in range(reps):
+            state = _touched(algo, algo.init_path(p, 0))
             t0 = time.perf_counter()
             for (ip, ix, x, y), r in zip(data, rows):
-                algo.advance(state, ip, ix, x, y, r, 0, rep)
+                algo.advance(state, ip, ix, x, y, r, 0, 0)
             t1 = time.perf_counter()
             algo.end_stage(state)
             times.append(t1 - t0)
             flush.append(time.perf_counter() - t1)
+            state = algo.settle(state)
+        nnz_w = np.count_nonzero(state["w"]) if "w" in state else len(state.get("w_idx", ()))
         s = min(times)
-        out.append({"what": f"tg kernel alone, {label}", "seconds": round(s, 3), "runs_s": [round(t, 3) for t in times],
-                    "flush_s": round(min(flush), 3), **per_pass(nnz, s, 1), "load1": load1(),
-                    "density": float(np.count_nonzero(state["w"])) / p, "eta": algo.eta, "gravity": algo.gravity})
+        out.append({"what": f"{name} kernel alone, {label}", "seconds": round(s, 3),
+                    "runs_s": [round(t, 3) for t in times], "flush_s": round(min(flush), 3),
+                    **per_pass(nnz, s, 1), "load1": load1(),
+                    "density": nnz_w / p, "eta": algo.eta})
     return out, algo.eta
 
 
@@ -158,6 +171,7 @@ def command_runs(store: str, algo: str, workers: int, work: Path, nnz: int, reps
     engine's own copy/read/kernel split, marginal pass."""
     from benchmarks.webspam import command
     from pipeline.model import load_model
+    from pipeline.refit import refit_by_default
 
     runs = {}
     for _ in range(reps):
@@ -165,7 +179,8 @@ def command_runs(store: str, algo: str, workers: int, work: Path, nnz: int, reps
             out = work / f"{algo}_{passes}.npz"
             l0 = load1()
             res, fig = command(["train", store, "--out", str(out), "--algo", algo, "--passes", str(passes),
-                                "--workers", str(workers)], events=True)
+                                "--workers", str(workers)] + ["--no-refit"] * refit_by_default(algo),
+                               events=True)
             tim = load_model(out).meta["provenance"]["timing"]
             run = {"wall_s": fig["wall_s"], "train_s": res["seconds"], "load1_before": l0, "load1": load1(),
                    "peak_rss_gb": fig["peak_rss_gb"], "stage_s": [e.get("seconds") for e in fig["events"]],
@@ -243,9 +258,11 @@ def main(argv=None):
         print(f"{len(blocks)} training blocks, {nnz:,} non-zeros, {st.n_features:,} features", flush=True)
         eta = None
         if "kernel" not in skip:
-            got, eta = kernel(blocks, st, nnz, a.reps)
-            rows += got
-            print(got, flush=True)
+            for name in a.algos.split(","):
+                got, e = kernel(blocks, st, nnz, a.reps, name)
+                eta = e if name == "tg" else eta
+                rows += got
+                print(got, flush=True)
         if "tight" not in skip:
             if eta is None:
                 from pipeline.algorithms import make_algorithm
@@ -287,9 +304,12 @@ def main(argv=None):
             staged = per_pass(nnz, row["stage_s_passes_2_3"], a.workers)["nnz_per_s_per_core"]
             ratios[f"{algo} (passes 2-3 as timed by the command) vs vw per core"] = ratio(staged, vw)
             ratios[f"{algo} (passes 2-3 as timed by the command) vs tight loop f64 per core"] = ratio(staged, tl)
-    ratios["tg kernel (block order) vs tight loop f64"] = ratio(get("tg kernel alone, block order"), tl)
-    ratios["tg kernel (engine order) vs tight loop f64"] = ratio(get("tg kernel alone, engine order"), tl)
-    ratios["tg kernel (block order) vs tight loop f64 with prefetch"] = ratio(get("tg kernel alone, block order"), tlp)
+    for algo in a.algos.split(","):
+        ratios[f"{algo} kernel (block order) vs tight loop f64"] = ratio(get(f"{algo} kernel alone, block order"), tl)
+        ratios[f"{algo} kernel (engine order) vs tight loop f64"] = ratio(get(f"{algo} kernel alone, engine order"),
+                                                                         tl)
+        ratios[f"{algo} kernel (block order) vs tight loop f64 with prefetch"] = ratio(
+            get(f"{algo} kernel alone, block order"), tlp)
     ratios["tight loop f32 vs f64"] = ratio(get("tight loop, w float32"), tl)
     ratios["tight loop f64 with prefetch vs without"] = ratio(tlp, tl)
     for r in rows:

@@ -9,9 +9,9 @@ from numba.extending import intrinsic
 
 @intrinsic
 def base(typingctx, arr):
-    """Data pointer of a C-contiguous 1-D array: a scalar, so inlined helpers take it without refcounts,
-    and its indexing has no negative-index wraparound."""
-    if not (isinstance(arr, nbt.Array) and arr.ndim == 1 and arr.layout == "C"):
+    """Data pointer of a C-contiguous array (element [0, ..., 0]; a 2-D array's row j starts at j·ncols): a
+    scalar, so inlined helpers take it without refcounts, and its indexing has no negative-index wraparound."""
+    if not (isinstance(arr, nbt.Array) and arr.layout == "C"):
         return None
 
     def codegen(context, builder, sig, args):

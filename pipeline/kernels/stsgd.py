@@ -80,8 +80,9 @@ import math
 import numba
 import numpy as np
 
+from .intrinsics import base, prefetch
 from .losses import dloss, loss as loss_fn
-from .sgd import _soft  # (C-1) S(v, a), branch-free: min/max instead of unpredictable branches
+from .sgd import PREFETCH_DISTANCE, _soft  # (C-1) S(v, a), branch-free: min/max instead of unpredictable branches
 
 # istate layout
 I_T = 0
@@ -285,7 +286,14 @@ def stsgd_close_burst(rec, irec, touched, istate, fstate, ratios, g0, mode, quan
     cap = ratios.shape[0]
     seen = istate[I_RATIOS_SEEN]
     rng = np.uint64(istate[I_RNG])
+    rp = base(rec)
+    ap = base(acc)
     for i in range(n):
+        if i + PREFETCH_DISTANCE < n:  # a burst of K rows touches ~10^6 features: their records are cold again
+            jn = touched[i + PREFETCH_DISTANCE]
+            prefetch(rp, 4 * jn)
+            if adagrad == ADA_ALL:
+                prefetch(ap, jn)
         j = touched[i]
         kj = irec[j, RI_KT]
         wj = rec[j, R_W]
@@ -378,6 +386,8 @@ def stsgd_block(indptr, indices, data, y, rows, start, rec, irec, touched, istat
     cap_t = touched.shape[0]
     consumed = 0
     uniform = mode == TRUNC_UNIFORM
+    rp = base(rec)
+    ap = base(acc)
     for ri in range(start, nrows):
         r = rows[ri]
         lo = indptr[r]
@@ -387,6 +397,11 @@ def stsgd_block(indptr, indices, data, y, rows, start, rec, irec, touched, istat
         f = fstate[F_BIAS]
         G = fstate[F_G]
         for q in range(lo, hi):
+            if q + PREFETCH_DISTANCE < hi:  # a hint only (see sgd.PREFETCH_DISTANCE): one record, one line
+                jn = indices[q + PREFETCH_DISTANCE]
+                prefetch(rp, 4 * jn)
+                if adagrad == ADA_ALL:
+                    prefetch(ap, jn)
             j = indices[q]
             kj = irec[j, RI_KT]
             if kj >= 0:
