@@ -40,15 +40,16 @@ def _bits(v: np.ndarray) -> np.ndarray:
     return v.view(np.dtype(f"i{v.dtype.itemsize}"))
 
 
-def pack_nonzero(v: np.ndarray) -> tuple:
+def pack_nonzero(v: np.ndarray, copy: bool = True) -> tuple:
     """A settled state's form of a per-feature array, the smaller of two, both flat arrays that
     :func:`unpack_nonzero` restores bit for bit: packed, (idx int64, values) of the entries whose bits are not all
     zero (−0.0 is kept) in increasing idx, when :func:`packed_is_smaller`; else dense, (an empty idx, a copy of
-    ``v``). A dense-ish array therefore never costs more than itself between stages."""
+    ``v``, or ``v`` itself without ``copy``: for a summary that nothing modifies). A dense-ish array therefore
+    never costs more than itself between stages."""
     v = np.asarray(v)
     bits = _bits(v)
     if not packed_is_smaller(int(np.count_nonzero(bits)), v.shape[0], v.dtype.itemsize):
-        return np.zeros(0, np.int64), v.copy()
+        return np.zeros(0, np.int64), v.copy() if copy else v
     idx = np.flatnonzero(bits).astype(np.int64, copy=False)
     return idx, v[idx]
 
@@ -76,6 +77,31 @@ def unpack_nonzero(idx, values, n: int, dtype=np.float64, fill=0) -> np.ndarray:
     else:
         out[idx] = values
     return out
+
+
+def dense_of(idx: np.ndarray, values: np.ndarray, n: int) -> np.ndarray:
+    """The dense ``n``-vector of either form of :func:`pack_nonzero`: a full-width dense form itself (shared, not
+    copied), else :func:`unpack_nonzero`."""
+    if is_dense_form(idx, values) and values.shape[0] == n:
+        return values
+    return unpack_nonzero(idx, values, n, values.dtype)
+
+
+def add_packed(a: tuple, b: tuple, n: int) -> tuple:
+    """The sum of two ``n``-vectors, each in either form of :func:`pack_nonzero`, in :func:`compact_sparse`'s
+    form: bit for bit the dense sum (an entry off a support is +0.0 there too, and +0.0 + +0.0 stays +0.0 off
+    the union). A sparse stage-end exchange sums the paths' non-zeros only."""
+    (ia, va), (ib, vb) = a, b
+    if is_dense_form(ia, va) or is_dense_form(ib, vb):
+        return np.zeros(0, np.int64), dense_of(ia, va, n) + dense_of(ib, vb, n)
+    idx = np.concatenate([ia, ib])
+    idx.sort(kind="stable")  # two sorted runs: a merge (np.union1d's default sort took 1.1 s on 2 x 700k)
+    idx = idx[np.concatenate([[True], idx[1:] != idx[:-1]])] if idx.shape[0] else idx
+    xa = np.zeros(idx.shape[0], va.dtype)
+    xa[np.searchsorted(idx, ia)] = va
+    xb = np.zeros(idx.shape[0], vb.dtype)
+    xb[np.searchsorted(idx, ib)] = vb
+    return compact_sparse(idx, xa + xb, n)
 
 
 def nonzero_entries(idx: np.ndarray, values: np.ndarray) -> tuple:
