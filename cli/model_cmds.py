@@ -18,7 +18,7 @@ _REFIT_OPTIONS = {
                      "selected column) or a number; 0 refits with L2 only (fewer passes over the store)."),
     "l2": (None, {"min": 0.0}, "L2 penalty of the refit on the mean loss (default 3e-3 / training rows: 1e-7 at "
                                "31k rows)."),
-    "iters": (None, {"min": 1}, "L-BFGS-B iterations of the refit's final fit at most (default 100)."),
+    "iters": (None, {"min": 1}, "L-BFGS-B iterations of the refit's final fit at most (default 300; it stops earlier at its tolerance)."),
     "relax": (False, {}, "With the 'auto' L1 penalty, also score Meinshausen's relaxed fits (phi x lambda on the "
                          "lasso's support at lambda, phi 1/2, 1/4, 1/8): sparser models at equal validation loss "
                          "on large sets, for twice the passes; less reliable on small ones."),
