@@ -353,13 +353,17 @@ class DaskExec:
         """As :meth:`submit`, preferring worker i mod n: a task over block i then finds what that worker
         cached for block i in the previous round (the refit's compacted blocks) instead of missing on the
         other workers half of the time. Results do not depend on placement."""
+        addrs = self.workers()
+        if not addrs:
+            return self.submit(fn, *args)
+        return self.client.submit(fn, *args, pure=False, workers=[addrs[i % len(addrs)]], allow_other_workers=True)
+
+    def workers(self) -> list:
+        """The workers' addresses, sorted (asked once); empty for a client without workers (the thread executor)."""
         if not hasattr(self, "_addrs"):
             info = getattr(self.client, "scheduler_info", None)
             self._addrs = sorted(info()["workers"]) if info is not None else []
-        if not self._addrs:
-            return self.submit(fn, *args)
-        return self.client.submit(fn, *args, pure=False, workers=[self._addrs[i % len(self._addrs)]],
-                                  allow_other_workers=True)
+        return self._addrs
 
     def put(self, x):
         """``x`` (a dict of arrays) as scattered data when large (a 16.6M-feature global state is 16 MB: inside

@@ -113,6 +113,46 @@ def test_objective_and_gradient_over_the_store_equal_numpy(small, client, loss):
         np.testing.assert_allclose(g, np.append(tg / n + l2 * theta[:-1], tb / n), rtol=1e-9, atol=1e-12)
 
 
+def test_chunked_sums_equal_the_per_block_tree_bit_for_bit(small, client):
+    """An evaluation task sums a chunk of C blocks (C a power of two) in the block tree's own order: the same bits
+    for every chunk size, worker count and executor as one task per block (the fixed tree over all blocks)."""
+    from pipeline.engine import LocalExec, tree
+    from pipeline.refit import _add, chunk_blocks, tree_sum
+
+    rng = np.random.default_rng(5)
+    for n in range(1, 40):  # tree_sum is tree()'s order, an odd last item carried at every level
+        items = [rng.standard_normal(7) * 10.0 ** rng.integers(-8, 8) for _ in range(n)]
+        assert tree_sum(iter(items)).tobytes() == tree(LocalExec(), items, _add).tobytes()
+    store, model = small
+    S = model.coef_indices
+    theta = np.append(rng.standard_normal(S.size), 0.2)
+    got = set()
+    for c, chunk in ((client, None), (None, None), (client, 1), (client, 2), (None, 1 << 10)):
+        prob = RefitProblem(store, S, l2=1e-3, client=c)
+        n_blocks = len(prob.data.keys)
+        assert n_blocks >= 5 and prob.chunk == chunk_blocks(n_blocks, 2 if c is not None else 1)
+        prob.chunk = chunk or prob.chunk
+        got.add(prob.sums(theta[:-1], theta[-1]).tobytes())
+    assert len(got) == 1
+    assert [chunk_blocks(n, 2) for n in (1, 5, 33, 330)] == [1, 4, 16, 32]
+
+
+def test_cli_process_runs_blas_on_one_thread():
+    """The refit's L-BFGS-B calls BLAS, whose multithreaded sums depend on the thread count: the command sets one
+    thread before NumPy loads (a value the user exported is kept)."""
+    import os
+    import subprocess
+    import sys
+
+    code = "import cli.main, os; print(os.environ['OPENBLAS_NUM_THREADS'], os.environ['OMP_NUM_THREADS'])"
+    env = {k: v for k, v in os.environ.items() if k not in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS")}
+    assert subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                          check=True).stdout.split() == ["1", "1"]
+    env["OPENBLAS_NUM_THREADS"] = "3"
+    assert subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                          check=True).stdout.split() == ["3", "1"]
+
+
 def test_logistic_optimum_equals_scikit_learn(small):
     from sklearn.linear_model import LogisticRegression
 
