@@ -19,8 +19,9 @@ the features a path has seen, as two-stage's and l1proj's do), of the working st
 differs from a private copy (``work``: STSGD, l1proj and two-stage expand their compact states) and of the global
 state, its dtype and bytes; then the per-worker estimate with one path per worker (pipeline.memory.worker_need, the
 one ``train`` checks against the workers' memory_limit): the state the task receives at its largest
-(``path_state_MB``; ``path_fresh_MB`` the fresh one) plus the task's working copy (tasks are pure: they advance a
-copy), the global state, the stage-end merge and a process baseline of 0.3 GB. The block cache is 0 at webspam scale
+(``path_state_MB``; ``path_fresh_MB`` the fresh one) plus what the task's working copy adds (tasks are pure: they
+advance a copy; read-only arrays are shared), the task's scratch (``scratch_MB``: two-stage's projection), the global
+state, the stage-end merge and a process baseline of 0.3 GB. The block cache is 0 at webspam scale
 (see pipeline.engine.cache_budget) and the decoded blocks of one shuffle window (4 x 64 MB blocks) come on
 top. Measured per-process peaks of whole runs are in benchmarks/webspam.py's output.
 """
@@ -59,6 +60,8 @@ def account(name: str, p: int) -> tuple[list[dict], dict]:
                 all(v.nbytes == state[k].nbytes for k, v in full.items()):
             continue  # does not grow
         for k, v in st.items():
+            if where == "work" and any(np.may_share_memory(v, u) for u in full.values()):
+                continue  # the path state's own array (read-only, shared: pipeline.algorithms.base.frozen)
             rows.append({"algo": name, "where": where, "array": k, "dtype": str(v.dtype), "shape": str(v.shape),
                          "MB": round(v.nbytes / 1e6, 1)})
     g = algo.init_global(p)
@@ -71,7 +74,8 @@ def account(name: str, p: int) -> tuple[list[dict], dict]:
     need = worker_need(algo, p, 1)  # the estimate train checks against the workers' memory_limit
     return rows, {"algo": name, "path_fresh_MB": round(need["path_fresh"] / 1e6, 1),
                   "path_state_MB": round(need["path"] / 1e6, 1),
-                  "working_MB": round(need["work"] / 1e6, 1), "exchange_MB": round(need["exchange"] / 1e6, 1),
+                  "working_MB": round(need["work"] / 1e6, 1), "scratch_MB": round(need["scratch"] / 1e6, 1),
+                  "exchange_MB": round(need["exchange"] / 1e6, 1),
                   "global_MB": round(need["global"] / 1e6, 1),
                   "worker_estimate_MB": round(need["total"] / 1e6, 1)}
 
@@ -240,7 +244,8 @@ def main(argv=None):
         totals.append(t)
         print(t, flush=True)
     report("memory", {"features": a.features, "arrays": arrays, "totals": totals}, totals,
-           ["algo", "path_fresh_MB", "path_state_MB", "working_MB", "global_MB", "exchange_MB", "worker_estimate_MB"])
+           ["algo", "path_fresh_MB", "path_state_MB", "working_MB", "scratch_MB", "global_MB", "exchange_MB",
+            "worker_estimate_MB"])
 
 
 if __name__ == "__main__":

@@ -13,9 +13,10 @@ measured 1.08 GB); stsgd keeps 2 MB between stages (its settled state, ``STSGD.s
 weights) and works on 599 MB during a stage: 1.25 GB per worker, measured 1.16 GB; l1proj keeps its weights (0 fresh,
 at most the dense 133 MB) and builds its 548 MB treap inside the task: 1.25 GB at worst (1.11 GB fresh; 1.66 GB
 with the treap kept), measured 0.86 GB (was 1.82 GB) on 3,000 rows; two-stage keeps its arrays (0 fresh, at most
-the dense 598 MB) and expands 598 MB inside the task: 1.89 GB at worst (1.30 GB fresh; 2.03 GB with the dense
-arrays kept), measured 1.38 GB (was 2.46 GB; its dense L1∩L2 projection's scratch, up to 3 x 133 MB, is not in the
-estimate). benchmarks/memory.py lists every array, fresh and at its largest, and ``--train`` samples a real run.
+the dense 465 MB; 598 MB with stage 2's sumsq), adds 332 MB inside the task (c is shared read-only) and its
+L1∩L2 projection's scratch, 266 MB (``Algorithm.scratch_bytes_per_feature``): 1.76 GB at worst (2.29 GB with stage
+2; was 1.89 GB without the scratch, 2.29 GB with its 3 x 133 MB). benchmarks/memory.py lists every array, fresh and
+at its largest, and ``--train`` samples a real run.
 """
 from __future__ import annotations
 
@@ -34,11 +35,16 @@ def _nbytes(state: dict) -> int:
     return sum(np.asarray(v).nbytes for v in state.values())
 
 
+def _new_bytes(state: dict, of: dict) -> int:
+    """Bytes of the arrays of ``state`` that are not (views of) arrays of ``of``."""
+    return sum(v.nbytes for v in state.values() if not any(np.may_share_memory(v, u) for u in of.values()))
+
+
 def _state_bytes(algo, p: int) -> tuple[int, int, int, int]:
     from pipeline.algorithms.base import copy_state
 
     full = algo.full_state(p)
-    return (_nbytes(full), _nbytes(algo.working_state(copy_state(full))), _nbytes(algo.init_global(p)),
+    return (_nbytes(full), _new_bytes(algo.working_state(copy_state(full)), full), _nbytes(algo.init_global(p)),
             _nbytes(algo.init_path(p, 0)))
 
 
@@ -51,20 +57,22 @@ def state_bytes(algo, n_features: int, fresh: bool = False) -> tuple[int, int, i
     """(path state, a stage's working state, global state) bytes of ``algo`` at ``n_features``: linear fit through
     widths 1,000 and 2,000. The path state is the largest one kept between stages (:meth:`Algorithm.full_state`:
     a compact state that grows with its non-zeros, all of them non-zero), or with ``fresh`` the state
-    :meth:`Algorithm.init_path` starts from. The working state is the task's private copy (the path state's size,
-    unless the algorithm expands a compact state: :meth:`Algorithm.working_state`)."""
+    :meth:`Algorithm.init_path` starts from. The working state is what the task's private copy adds to the state it
+    received (the path state's size, unless the algorithm expands a compact state, :meth:`Algorithm.working_state`,
+    or shares read-only arrays with it, :func:`pipeline.algorithms.base.frozen`)."""
     full, work, glob, new = _extrapolate(algo, n_features)
     return (new if fresh else full), work, glob
 
 
 def worker_need(algo, n_features: int, paths_per_worker: int, cache_bytes: int = 0) -> dict:
-    """Bytes one worker needs: ``paths_per_worker`` x (path state at its largest + working state) + global + the
-    stage-end merge (``algo.exchange_bytes_per_feature``) + cache + process baseline; ``path_fresh``: a fresh path
-    state (the same as ``path`` for states that do not grow)."""
+    """Bytes one worker needs: ``paths_per_worker`` x (path state at its largest + working state + a task's scratch,
+    ``algo.scratch_bytes_per_feature``) + global + the stage-end merge (``algo.exchange_bytes_per_feature``) + cache
+    + process baseline; ``path_fresh``: a fresh path state (the same as ``path`` for states that do not grow)."""
     path, work, glob, fresh = _extrapolate(algo, n_features)
     exchange = algo.exchange_bytes_per_feature * n_features
-    total = (path + work) * paths_per_worker + glob + exchange + int(cache_bytes) + PROCESS_BASELINE
-    return {"total": total, "path": path, "work": work, "global": glob, "exchange": exchange,
+    scratch = algo.scratch_bytes_per_feature * n_features
+    total = (path + work + scratch) * paths_per_worker + glob + exchange + int(cache_bytes) + PROCESS_BASELINE
+    return {"total": total, "path": path, "work": work, "scratch": scratch, "global": glob, "exchange": exchange,
             "cache": int(cache_bytes), "paths": paths_per_worker, "path_fresh": fresh}
 
 
@@ -75,7 +83,7 @@ def _gb(b: float) -> str:
 def message(algo, n_features: int, need: dict, limit: int, n_workers: int, cause: str) -> str:
     """The one-line explanation: algorithm, width, the estimate and its parts, the limit, what would fit."""
     fit = max(0, (limit - PROCESS_BASELINE - need["global"] - need["exchange"] - need["cache"])
-              // max(1, need["path"] + need["work"]))
+              // max(1, need["path"] + need["work"] + need["scratch"]))
     advice = (f"start the workers with memory_limit >= {_gb(need['total'] * 1.1)} (Dask's worker memory_limit; "
               f"`--workers N` gives each of N workers 1/N of this machine's memory)")
     if need["paths"] > 1 and fit >= 1:
@@ -83,7 +91,8 @@ def message(algo, n_features: int, need: dict, limit: int, n_workers: int, cause
     elif n_workers > 1:
         advice = "use fewer --workers (each gets a larger share of memory), or " + advice
     return (f"--algo {algo.name} at {n_features:,} features needs about {_gb(need['total'])} per worker "
-            f"({need['paths']} path(s) x (state {_gb(need['path'])} + working copy {_gb(need['work'])}), global {_gb(need['global'])}, "
+            f"({need['paths']} path(s) x (state {_gb(need['path'])} + working copy {_gb(need['work'])} + scratch "
+            f"{_gb(need['scratch'])}), global {_gb(need['global'])}, "
             f"stage-end merge {_gb(need['exchange'])}, block cache {_gb(need['cache'])}, "
             f"process {_gb(PROCESS_BASELINE)}); {cause} "
             + (f"memory_limit is {_gb(limit)}: " if limit else "memory_limit is not set (the machine ran out): ")

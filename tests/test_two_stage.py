@@ -12,6 +12,7 @@ from pipeline.algorithms import make_algorithm
 from pipeline.algorithms.base import unpack_nonzero
 from pipeline.algorithms.two_stage import epoch_schedule
 from pipeline.kernels import two_stage as K
+from pipeline.kernels.losses import LOSS_CODES
 from pipeline.kernels.projection import l1l2_kkt_residual, project_l1_l2
 from pipeline.model import load_model
 from pipeline.sparsify import bound_constant, draws_for_epsilon, sparsify_vector
@@ -198,19 +199,22 @@ def test_compact_state_bit_identical_to_dense_states(store, monkeypatch, opts):
         assert new.w.tobytes() == ref.w.tobytes() and new.bias == ref.bias
         assert new.gstate["w_hat"].tobytes() == ref.gstate["w_hat"].tobytes()
         assert not {"w", "c", "wsum", "sumsq", "last"} & set(new.states[0])
-        # sumsq has seen every feature: kept dense (no more bytes than the dense array), and w packed or not
-        assert is_dense_form(new.states[0]["sumsq_idx"], new.states[0]["sumsq_val"])
+        if "nnz" in opts:  # sumsq has seen every feature: kept dense (no more bytes than the dense array)
+            assert is_dense_form(new.states[0]["sumsq_idx"], new.states[0]["sumsq_val"])
+        else:  # without stage 2 sumsq is neither kept nor accumulated
+            assert "sumsq_idx" not in new.states[0] and new.history[-1]["projections"] > 0
     assert ref.history[-1]["projections"] > 0 and (ref.history[-1]["epochs_done"] >= 2) == ("stage1" not in opts)
 
 
 def _two_stage_working(p, density, seed):
-    """A two-stage working state at width ``p`` whose w, c, wsum, sumsq have about ``density`` of their entries
-    non-zero (−0.0 among them), with int32 stamps everywhere."""
-    algo = make_algorithm("two-stage", OPTS)
+    """A two-stage working state (stage 2 on: sumsq kept) at width ``p`` whose w, c, wsum, sumsq have about
+    ``density`` of their entries non-zero (−0.0 among them), with int32 stamps everywhere."""
+    algo = make_algorithm("two-stage", {**OPTS, "nnz": 15})
     rng = np.random.default_rng(seed)
     st = algo.working_state(algo.init_path(p, 0))
+    del st["c_idx"], st["c_val"]  # c is changed here: settle packs it again
     for k in ("w", "c", "wsum", "sumsq"):
-        v = rng.normal(size=p) * (rng.random(p) < density)
+        v = np.where(rng.random(p) < density, rng.normal(size=p), 0.0)  # (a product leaves −0.0 everywhere)
         v[rng.integers(0, p, 3)] = -0.0
         st[k] = v
     st["last"] = rng.integers(1, 10_000, p).astype(np.int32)
@@ -229,6 +233,7 @@ def test_settled_state_no_larger_than_dense_and_exact(density):
     settled = algo.settle(copy_state_of(st))
     per_feature = sum(v.nbytes for k, v in settled.items() if k not in ("istate", "fstate", "width"))
     assert per_feature <= dense
+    assert is_dense_form(settled["w_idx"], settled["w_val"]) == (density > 0.5)  # both forms are exercised
     for k in ("w", "c", "wsum", "sumsq"):
         nnz = np.count_nonzero(st[k].view(np.int64))
         assert is_dense_form(settled[f"{k}_idx"], settled[f"{k}_val"]) == (nnz * 16 >= p * 8)
@@ -273,8 +278,55 @@ def test_memory_estimate_is_the_full_state():
     fresh one (no per-feature array)."""
     from pipeline.memory import state_bytes, worker_need
 
-    algo = make_algorithm("two-stage", {})
-    path, work, _ = state_bytes(algo, 123_457)
-    small = sum(v.nbytes for k, v in algo.init_path(10, 0).items() if k in ("istate", "fstate"))
-    assert path == 36 * 123_457 + small + 8 and work == 36 * 123_457 + small  # + width
-    assert state_bytes(algo, 123_457, fresh=True)[0] < 1000 and worker_need(algo, 123_457, 1)["path"] == path
+    p = 123_457
+    for opts, floats in (({}, 3), ({"nnz": 15}, 4)):  # sumsq only with stage 2
+        algo = make_algorithm("two-stage", opts)
+        path, work, _ = state_bytes(algo, p)
+        small = sum(v.nbytes for k, v in algo.init_path(10, 0).items() if k in ("istate", "fstate"))
+        # the task adds w, wsum (, sumsq) and int32 stamps; c is shared read-only
+        assert path == (8 * floats + 4) * p + small + 8 and work == (8 * floats - 4) * p + small  # + width
+        need = worker_need(algo, p, 1)
+        assert state_bytes(algo, p, fresh=True)[0] < 1000 and need["path"] == path
+        assert need["scratch"] == 16 * p and need["exchange"] == 8 * (floats - 2) * 2 * p
+
+
+def test_working_state_shares_the_private_copy_and_c():
+    """A task expands a dense settled state without a second array: w, wsum and the stamps are its private copy's
+    (copy_state), c the received state's own, read-only (no task changes it); settle keeps them, and the stage's
+    c_idx/c_val as they came."""
+    from pipeline.algorithms.base import copy_state
+
+    algo, st = _two_stage_working(2000, 0.9, seed=5)
+    settled = algo.settle(copy_state_of(st))
+    assert not settled["c_val"].flags.writeable
+    mine = copy_state(settled)
+    assert mine["c_val"] is settled["c_val"] and not np.shares_memory(mine["w_val"], settled["w_val"])
+    work = algo.working_state(mine)
+    assert work["c"] is settled["c_val"]
+    for k, key in (("w", "w_val"), ("wsum", "wsum_val"), ("sumsq", "sumsq_val"), ("last", "last_val")):
+        assert work[k] is mine[key] and work[k].flags.writeable, k
+    again = algo.settle(work)
+    assert again["c_val"] is settled["c_val"] and again["w_val"] is mine["w_val"]
+    assert not {"w", "c", "wsum", "sumsq", "last"} & set(work)  # each left the working state as it was settled
+    assert all(again[k].tobytes() == settled[k].tobytes() for k in settled)
+
+
+def test_kernel_without_sumsq_same_iterates():
+    """Stage 2 off: the kernel skips sumsq (an empty array) and the iterates, sums and stamps are the same bits."""
+    indptr, indices, data, y, _ = regression_data(400, 30, 6, seed=7)
+    rows = np.arange(y.shape[0], dtype=np.int64)
+    out, kept = [], np.zeros(30)
+    for sumsq in (kept, np.zeros(0)):
+        w, c, wsum = np.zeros(30), np.zeros(30), np.zeros(30)
+        last = np.ones(30, np.int32)
+        ist, fst = np.zeros(K.N_IS, np.int64), np.zeros(K.N_FS)
+        K.begin_epoch(c, ist, fst, 10_000, 0.05, 1.0)
+        K.epoch_gd_block(indptr, indices, data, y, rows, w, c, wsum, last, sumsq, ist, fst, np.empty(60), 2.0,
+                         K.MODE_EPOCH, 0.05, LOSS_CODES["squared"], False, True, 1e-10, 100, 1)
+        out.append((w, wsum, last, ist, fst))
+        assert ist[K.IS_NPROJ] > 0
+    for a, b in zip(*out):
+        assert a.tobytes() == b.tobytes()
+    ref = np.zeros(30)  # Σ x_j² in row order (NumPy reference of the kept sumsq)
+    np.add.at(ref, indices[:indptr[-1]], data[:indptr[-1]] ** 2)
+    assert kept.tobytes() == ref.tobytes()

@@ -25,8 +25,19 @@ import numpy as np
 
 
 def copy_state(state: dict) -> dict:
-    """Private copy of a path state (tasks are pure: they advance a copy)."""
-    return {k: v.copy() for k, v in state.items()}
+    """Private copy of a path state (tasks are pure: they advance a copy); a read-only array (:func:`frozen`: one
+    that no task changes) is shared, not copied."""
+    return {k: v.copy() if v.flags.writeable else v for k, v in state.items()}
+
+
+def frozen(v: np.ndarray) -> np.ndarray:
+    """A read-only view of ``v`` (``v`` itself when read-only already): :func:`copy_state` shares it instead of
+    copying it (Dask keeps the flag)."""
+    if not v.flags.writeable:
+        return v
+    v = v.view()
+    v.flags.writeable = False
+    return v
 
 
 def packed_is_smaller(nnz: int, n: int, itemsize: int, idx_itemsize: int = 8) -> bool:
@@ -68,9 +79,13 @@ def is_dense_form(idx: np.ndarray, values: np.ndarray) -> bool:
     return idx.shape[0] != values.shape[0]
 
 
-def unpack_nonzero(idx, values, n: int, dtype=np.float64, fill=0) -> np.ndarray:
+def unpack_nonzero(idx, values, n: int, dtype=np.float64, fill=0, share: bool = False) -> np.ndarray:
     """The ``n``-vector of ``dtype`` equal to ``fill`` but ``values`` at ``idx`` (inverse of :func:`pack_nonzero`);
-    of the dense form, ``values`` then ``fill`` (a state widened since it was settled)."""
+    of the dense form, ``values`` then ``fill`` (a state widened since it was settled). With ``share``, a dense form
+    that already is that vector is returned itself (``values`` of a task's private copy: no second array; it may be
+    read-only, :func:`frozen`)."""
+    if share and is_dense_form(idx, values) and values.shape[0] == n and values.dtype == dtype:
+        return values
     out = np.full(n, fill, dtype=dtype) if fill else np.zeros(n, dtype=dtype)
     if is_dense_form(idx, values):
         out[:values.shape[0]] = values
@@ -82,9 +97,7 @@ def unpack_nonzero(idx, values, n: int, dtype=np.float64, fill=0) -> np.ndarray:
 def dense_of(idx: np.ndarray, values: np.ndarray, n: int) -> np.ndarray:
     """The dense ``n``-vector of either form of :func:`pack_nonzero`: a full-width dense form itself (shared, not
     copied), else :func:`unpack_nonzero`."""
-    if is_dense_form(idx, values) and values.shape[0] == n:
-        return values
-    return unpack_nonzero(idx, values, n, values.dtype)
+    return unpack_nonzero(idx, values, n, values.dtype, share=True)
 
 
 def add_packed(a: tuple, b: tuple, n: int) -> tuple:
@@ -149,6 +162,9 @@ class Algorithm:
     #: bytes per feature a stage-end merge holds on the worker that combines two paths' summaries (a memory
     #: estimate, pipeline.memory): two dense float64 vectors by default; STSGD's sparse counters are more
     exchange_bytes_per_feature: int = 16
+    #: bytes per feature a stage's task allocates beside its working state at its peak (a memory estimate): none by
+    #: default; two-stage's L1∩L2 projection needs two float64 vectors
+    scratch_bytes_per_feature: int = 0
 
     def __init__(self, params):
         self.params = params

@@ -16,16 +16,19 @@ is accumulated over the stage-1 rows in O(nnz) per row (§3), because algorithms
 whole passes it equals the store's col_sumsq/n_rows. ŵ, its bias and s stay in the global state so that
 ``sparsepipe sparsify`` can redo stage 2 with another K. With neither ``nnz`` nor ``epsilon`` the model is ŵ.
 
-State. Between stages a path keeps w, c, wsum and sumsq each in the smaller of two forms
-(:func:`pipeline.algorithms.base.pack_nonzero`): its non-zeros (``<key>_idx`` int64 / ``<key>_val``, every entry
-whose bits are not all zero; 16 bytes a non-zero) while fewer than half the entries are non-zero, else the dense
-array (``<key>_val``, an empty ``<key>_idx``); the stamps ``last_val`` in w's form (on w's support, or dense with 1
-off it: elsewhere a stamp does not change any sum), ``width``, ``istate`` and ``fstate`` (:meth:`TwoStage.settle`).
-A stage's task expands them into the kernel's dense arrays (:meth:`working_state`; ``last`` int32 while the epoch's
-iterate index fits) and settles them after the summary, so training is bit-identical to dense states between
-stages. The state between stages grows with the features a path has seen (sumsq, wsum) up to the dense arrays, 36
-bytes per feature (598 MB at 16.6M features: :meth:`full_state`, the memory estimate's), never more. The decision
-carries ŵ (and s, when stage 2 is on) in the same forms.
+State. Between stages a path keeps w, c, wsum (and sumsq, only with stage 2 on: it is s's only use) each in the
+smaller of two forms (:func:`pipeline.algorithms.base.pack_nonzero`): its non-zeros (``<key>_idx`` int64 /
+``<key>_val``, every entry whose bits are not all zero; 16 bytes a non-zero) while fewer than half the entries are
+non-zero, else the dense array (``<key>_val``, an empty ``<key>_idx``); the stamps ``last_val`` in w's form (on w's
+support, or dense with 1 off it: elsewhere a stamp does not change any sum), ``width``, ``istate`` and ``fstate``
+(:meth:`TwoStage.settle`). c is read-only (:func:`pipeline.algorithms.base.frozen`): a stage's task shares it instead
+of copying it. The task expands the rest into the kernel's dense arrays (:meth:`working_state`; a dense form is its
+private copy's array itself; ``last`` int32 while the epoch's iterate index fits) and settles them after the summary,
+array by array, so training is bit-identical to dense states between stages. The state between stages grows with the
+features a path has seen up to the dense arrays, 28 bytes per feature (36 with stage 2: 465 and 598 MB at 16.6M
+features, :meth:`full_state`, the memory estimate's), never more; the task adds 20 (28) bytes per feature and the
+projection's scratch 16 (``scratch_bytes_per_feature``). The decision carries ŵ (and s, when stage 2 is on) in the
+same forms.
 
 ``stage1 = "averaged-sgd"`` is §3's stage-1 baseline: projection onto the L1 ball only, η_t = η1/√t,
 averaged iterate (paths are not mixed; the output is the mean of the paths' averages).
@@ -37,15 +40,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pipeline.algorithms.base import (Algorithm, check_choice, check_positive, is_dense_form, pack_nonzero,
-                                      unpack_nonzero)
+from pipeline.algorithms.base import (Algorithm, check_choice, check_positive, copy_state, frozen, is_dense_form,
+                                      pack_nonzero, unpack_nonzero)
 from pipeline.kernels import two_stage as K
 from pipeline.kernels.l1proj import clip_to_l1_ball
 from pipeline.kernels.losses import LOSS_CODES
 from pipeline.sparsify import METHODS, NNZ_MODES, check_epsilon, sparsify_vector
 
 STAGE1 = {"epoch-gd": K.MODE_EPOCH, "averaged-sgd": K.MODE_SGD}
-DENSE_KEYS = ("w", "c", "wsum", "sumsq")  # the kernel's float64[p] arrays, with ``last``
+DENSE_KEYS = ("w", "c", "wsum", "sumsq")  # the kernel's float64[p] arrays, with ``last`` (sumsq: stage 2 only)
 COMPACT_KEYS = tuple(f"{k}_{x}" for k in DENSE_KEYS for x in ("idx", "val")) + ("last_val", "width")
 INT32_MAX = int(np.iinfo(np.int32).max)
 
@@ -120,6 +123,22 @@ class TwoStage(Algorithm):
     path_mode = "split"
     Params = TwoStageParams
     shared_keys = ("c_idx", "c_val")
+    scratch_bytes_per_feature = 16  # the L1∩L2 projection's two float64 vectors (epoch_gd_block's ``work``)
+
+    @property
+    def exchange_bytes_per_feature(self) -> int:
+        """Two paths' summaries at a merge: the average (float64 per feature), and sumsq with stage 2."""
+        return 32 if self._stage2_on else 16
+
+    @property
+    def _dense_keys(self) -> tuple:
+        """The kernel's float64[p] arrays of this configuration: sumsq is accumulated only for stage 2."""
+        return DENSE_KEYS if self._stage2_on else DENSE_KEYS[:3]
+
+    @property
+    def _changed_keys(self) -> tuple:
+        """Those a stage changes: w, wsum (and sumsq); not c."""
+        return tuple(k for k in self._dense_keys if k != "c")
 
     def _schedule(self, k):
         p = self.params
@@ -131,19 +150,20 @@ class TwoStage(Algorithm):
         """A new settled state starting epoch k at its centre c: w = c, wsum = 0, last = 1 (on w's support)."""
         T, eta, rho = self._schedule(k)
         out = dict(state)
-        out["w_idx"], out["w_val"] = state["c_idx"], state["c_val"]
+        out["c_val"] = frozen(state["c_val"])  # read only in a stage: a task shares it (copy_state)
+        out["w_idx"], out["w_val"] = state["c_idx"], out["c_val"]
         out["last_val"] = np.ones(state["c_val"].shape[0], dtype=np.int32)  # in w's (= c's) form
         out["wsum_idx"], out["wsum_val"] = np.zeros(0, dtype=np.int64), np.zeros(0)
         out["istate"], out["fstate"] = state["istate"].copy(), state["fstate"].copy()
         # c's non-zeros or dense c: its zeros add +0.0 to a sum ≥ +0.0, the same bits
-        K.begin_epoch(state["c_val"], out["istate"], out["fstate"], T, eta, rho)
+        K.begin_epoch(out["c_val"], out["istate"], out["fstate"], T, eta, rho)
         out["istate"][K.IS_EPOCH] = k
         out["fstate"][K.FS_BIAS] = bias
         return out
 
     def init_path(self, n_features, path):
         st = {f"{k}_{x}": np.zeros(0, dtype=np.int64 if x == "idx" else np.float64)
-              for k in DENSE_KEYS for x in ("idx", "val")}
+              for k in self._dense_keys for x in ("idx", "val")}
         istate = np.zeros(K.N_IS, dtype=np.int64)
         istate[K.IS_BUDGET] = self.params.budget
         st.update(width=np.array([n_features], dtype=np.int64), istate=istate, fstate=np.zeros(K.N_FS))
@@ -160,42 +180,64 @@ class TwoStage(Algorithm):
         return self._start(out, int(state["istate"][K.IS_EPOCH]), float(bias))
 
     def resize(self, state, n_features):
-        state = self.settle(state)  # a dense state (saved before the compact form) too
+        if "w" in state:  # a dense state (saved before the compact form): settle consumes its argument
+            state = self.settle(copy_state(state))
         if int(state["width"][0]) >= n_features:
             return state
         return {**state, "width": np.array([n_features], dtype=np.int64)}
 
     def working_state(self, state):
-        """The kernel's dense arrays of a settled state (a dense state is used as it is); ``last`` is int32
-        (:meth:`advance` widens it before an iterate index could pass 2³¹ − 1)."""
+        """The kernel's dense arrays of a settled state, the task's private copy (a dense state is used as it is):
+        an array kept dense is used itself, c even read-only (the kernel only reads it; ``c_idx``/``c_val`` stay
+        for :meth:`settle`); sumsq is empty without stage 2; ``last`` is int32 (:meth:`advance` widens it before an
+        iterate index could pass 2³¹ − 1)."""
         if "w" in state:
             return state
         p = int(state["width"][0])
         out = {k: v for k, v in state.items() if k not in COMPACT_KEYS}
-        for k in DENSE_KEYS:
-            out[k] = unpack_nonzero(state[f"{k}_idx"], state[f"{k}_val"], p)
+        out["c_idx"], out["c_val"] = state["c_idx"], state["c_val"]
+        out["c"] = unpack_nonzero(state["c_idx"], state["c_val"], p, share=True)
+        for k in self._changed_keys:
+            out[k] = np.require(unpack_nonzero(state[f"{k}_idx"], state[f"{k}_val"], p, share=True), requirements="W")
+        if not self._stage2_on:
+            out["sumsq"] = np.zeros(0)
         stamp = np.int32 if int(state["istate"][K.IS_T]) + 2 <= INT32_MAX else np.int64
-        out["last"] = unpack_nonzero(state["w_idx"], state["last_val"], p, stamp, fill=1)
+        out["last"] = np.require(unpack_nonzero(state["w_idx"], state["last_val"], p, stamp, fill=1, share=True),
+                                 requirements="W")
         return out
 
     def settle(self, state):
-        """The compact state of a dense one (see the module docstring)."""
+        """The compact state of a dense one (see the module docstring). It consumes ``state`` (the task's working
+        state): each dense array leaves it as it is packed, so at most one packed copy exists beside the dense
+        arrays, and an array kept dense is kept itself; c keeps the form it came with (a stage does not change it)."""
         if "w" not in state:
             return state
-        out = {k: v for k, v in state.items() if k not in DENSE_KEYS + ("last",)}
-        for k in DENSE_KEYS:
-            out[f"{k}_idx"], out[f"{k}_val"] = pack_nonzero(state[k])
+        p = state["w"].shape[0]
+        w, last = state.pop("w"), state.pop("last")
+        out = {k: v for k, v in state.items() if k not in DENSE_KEYS}
+        out["w_idx"], out["w_val"] = pack_nonzero(w, copy=False)
         if is_dense_form(out["w_idx"], out["w_val"]):  # 1 off w's support, as unpacking the packed form gives
-            out["last_val"] = np.where(state["w"].view(np.int64) != 0, state["last"], 1).astype(state["last"].dtype)
+            last[w.view(np.int64) == 0] = 1
+            out["last_val"] = last
         else:
-            out["last_val"] = state["last"][out["w_idx"]]
-        out["width"] = np.array([state["w"].shape[0]], dtype=np.int64)
+            out["last_val"] = last[out["w_idx"]]
+        del w, last
+        c = state.pop("c")
+        if "c_idx" not in out:  # a dense state saved before the compact form
+            out["c_idx"], out["c_val"] = pack_nonzero(c)
+        out["c_val"] = frozen(out["c_val"])
+        del c
+        for k in self._changed_keys[1:]:  # wsum (and sumsq)
+            out[f"{k}_idx"], out[f"{k}_val"] = pack_nonzero(state.pop(k), copy=False)
+        state.pop("sumsq", None)  # not kept without stage 2
+        out["width"] = np.array([p], dtype=np.int64)
         return out
 
     def full_state(self, n_features):
         """The settled state when every feature is non-zero in w, c, wsum and sumsq: the dense arrays."""
         st = self.working_state(self.init_path(n_features, 0))
-        for k in DENSE_KEYS:
+        del st["c_idx"], st["c_val"]  # c packed again from the dense ones
+        for k in self._dense_keys:
             st[k][:] = 1.0
         return self.settle(st)
 
@@ -203,7 +245,7 @@ class TwoStage(Algorithm):
         p = self.params
         if state["last"].dtype != np.int64 and int(state["istate"][K.IS_T]) + rows.shape[0] - start + 2 > INT32_MAX:
             state["last"] = state["last"].astype(np.int64)  # the stamps (iterate indices ≤ t + 2) would not fit
-        work = np.empty(3 * state["w"].shape[0])
+        work = np.empty(2 * state["w"].shape[0])
         consumed, done = K.epoch_gd_block(
             indptr, indices, data, y, rows[start:], state["w"], state["c"], state["wsum"], state["last"],
             state["sumsq"], state["istate"], state["fstate"], work, p.l1_radius, STAGE1[p.stage1], p.eta1,
@@ -216,8 +258,10 @@ class TwoStage(Algorithm):
         avg = np.empty_like(state["w"])
         K.running_average(state["w"], state["wsum"], state["last"], t, avg)
         bavg = fst[K.FS_BSUM] / t if t else fst[K.FS_BIAS]
-        return {"avg": avg, "bavg": np.array([bavg]), "sumsq": state["sumsq"],
-                "count": ist[[K.IS_DONE, K.IS_STEPS, K.IS_NROWS, K.IS_NPROJ]].copy()}
+        out = {"avg": avg, "bavg": np.array([bavg]), "count": ist[[K.IS_DONE, K.IS_STEPS, K.IS_NROWS, K.IS_NPROJ]].copy()}
+        if self._stage2_on:
+            out["sumsq"] = state["sumsq"]
+        return out
 
     def decide(self, total, gstate, n_paths):
         p = self.params

@@ -410,7 +410,8 @@ def _phi(v, c, t, B, trial, scratch, seed):
 def l1l2_project_kernel(v, B, c, rho, out, work, seed, tol, max_iter):
     """out = argmin ½‖w−v‖² s.t. ‖w‖₁ ≤ B, ‖w−c‖₂ ≤ ρ  [ALGORITHMS.md §3, PROJ_L1L2 and (TS-4)].
 
-    Requires ‖c‖₁ ≤ B (checked by the wrapper). ``work`` has length ≥ 2n. Returns (μ, λ, status, n_eval):
+    Requires ‖c‖₁ ≤ B (checked by the wrapper). ``work`` has length ≥ 2n; ``out`` may alias ``v`` (every
+    candidate is built in ``work`` and ``out`` written once, at the end). Returns (μ, λ, status, n_eval):
     μ ≥ 0 is the ball multiplier, λ = (1+μ)τ ≥ 0 the L1 multiplier (τ = soft threshold of (TS-4)), so that
     v_j − w_j − μ(w_j − c_j) = λ·sign(w_j) on the support and |v_j + μ c_j| ≤ λ off it.
     Step 4 is a safeguarded Illinois (regula falsi) search on φ(θ) − ρ, φ(θ) = ‖P_L1((1−θ)v + θc) − c‖,
@@ -432,22 +433,22 @@ def l1l2_project_kernel(v, B, c, rho, out, work, seed, tol, max_iter):
             out[i] = v[i]
         return 0.0, 0.0, L1L2_INSIDE, 0
     # 2. ball inactive
-    tau = l1_project_pivot_kernel(v, B, out, scratch, seed)
-    d_a = _dist(out, c)
+    tau = l1_project_pivot_kernel(v, B, trial, scratch, seed)
+    d_a = _dist(trial, c)
     if d_a <= rho:
+        out[:] = trial
         return 0.0, tau, L1L2_L1_ONLY, 1
     # 3. L1 inactive (here ‖v − c‖ ≥ ‖P_L1(v) − c‖ > ρ > 0)
     s = rho / dvc
     l1b = 0.0
     for i in range(n):
         x = c[i] + s * (v[i] - c[i])
-        out[i] = x
+        trial[i] = x
         l1b += abs(x)
     if l1b <= B:
+        out[:] = trial
         return dvc / rho - 1.0, 0.0, L1L2_BALL_ONLY, 1
     # 4. both active: root of f(θ) = φ(θ) − ρ on (0, 1); f(0) > 0, f(1) = −ρ (w(1) = c)
-    for i in range(n):
-        out[i] = c[i]
     lo = 0.0
     flo = d_a - rho
     hi = 1.0
@@ -456,6 +457,7 @@ def l1l2_project_kernel(v, B, c, rho, out, work, seed, tol, max_iter):
     side = 0
     n_eval = 1
     width_old = 1.0
+    at_hi = False
     for it in range(max_iter):
         if hi - lo < 1e-15:
             break
@@ -468,12 +470,11 @@ def l1l2_project_kernel(v, B, c, rho, out, work, seed, tol, max_iter):
         phi, tau_t = _phi(v, c, t, B, trial, scratch, seed)
         n_eval += 1
         ft = phi - rho
+        at_hi = ft <= 0.0  # trial holds w(hi)
         if ft <= 0.0:
             hi = t
             fhi = ft
             tau_hi = tau_t
-            for i in range(n):
-                out[i] = trial[i]
             if ft >= -tol * rho:
                 break
             if side == -1:
@@ -486,7 +487,12 @@ def l1l2_project_kernel(v, B, c, rho, out, work, seed, tol, max_iter):
                 fhi *= 0.5
             side = 1
     if hi >= 1.0:
+        for i in range(n):
+            out[i] = c[i]
         return np.inf, 0.0, L1L2_POINT, n_eval
+    if not at_hi:  # w(hi) again, bit for bit (φ is deterministic in θ): no third vector to keep it in
+        _phi(v, c, hi, B, trial, scratch, seed)
+    out[:] = trial
     mu = hi / (1.0 - hi)
     return mu, (1.0 + mu) * tau_hi, L1L2_BOTH, n_eval
 

@@ -16,8 +16,9 @@ kernel consumes nothing until the algorithm starts the next epoch (paths wait fo
 Mode ``MODE_SGD`` is the stage-1 baseline of §3: projection onto the L1 ball only (ρ = ∞),
 η_t = η1/√t over the path's total step count, averaged iterate, and an epoch that never ends.
 
-State (all arrays mutated in place; nothing survives in locals between calls):
-    w, c, wsum, sumsq   float64[p]   iterate, centre, lazy epoch sum, Σ x_j² over the rows seen
+State (all arrays mutated in place but c, which is only read; nothing survives in locals between calls):
+    w, c, wsum          float64[p]   iterate, centre, lazy epoch sum
+    sumsq               float64[p]   Σ x_j² over the rows seen (stage 2's s); float64[0]: not accumulated
     last                int32 or int64[p]   lazy stamps (iterate index; where w_j = 0 any stamp ≤ the next
                                      iterate's gives the same sums: its terms are ±0.0)
     istate              int64[8]     see IS_*
@@ -106,10 +107,11 @@ def epoch_gd_block(indptr, indices, data, y, rows, w, c, wsum, last, sumsq, ista
                    eta1, loss, hinge_at_one, fit_bias, tol, max_iter, seed):
     """Advance stage 1 over ``rows`` of one CSR block; returns (rows consumed, epoch done).
 
-    ``work`` is float64 scratch of length ≥ 3p. ``B`` may be inf. Row cost O(nnz(x)) unless a constraint
-    is violated after the step, then one exact projection (O(p) per root-finding evaluation).
+    ``work`` is float64 scratch of length ≥ 2p (the projection's; w is projected in place). ``B`` may be inf.
+    Row cost O(nnz(x)) unless a constraint is violated after the step, then one exact projection (O(p) per
+    root-finding evaluation).
     """
-    p = w.shape[0]
+    keep_sumsq = sumsq.shape[0] != 0
     if istate[IS_DONE] != 0:
         return 0, True
     t = istate[IS_T]
@@ -124,8 +126,6 @@ def epoch_gd_block(indptr, indices, data, y, rows, w, c, wsum, last, sumsq, ista
     bsum = fstate[FS_BSUM]
     nproj = istate[IS_NPROJ]
     nrows = istate[IS_NROWS]
-    v = work[:p]
-    pw = work[p:3 * p]
     consumed = 0
     done = False
     for r in range(rows.shape[0]):
@@ -140,7 +140,8 @@ def epoch_gd_block(indptr, indices, data, y, rows, w, c, wsum, last, sumsq, ista
             j = indices[k]
             x = data[k]
             f += w[j] * x
-            sumsq[j] += x * x
+            if keep_sumsq:
+                sumsq[j] += x * x
         nrows += 1
         d = dloss(f, y[i], loss, hinge_at_one)
         bsum += b
@@ -163,12 +164,8 @@ def epoch_gd_block(indptr, indices, data, y, rows, w, c, wsum, last, sumsq, ista
                 b -= g
             if l1 > B or d2 > rho2:
                 # the untouched coordinates keep their value up to iterate t+1: flush, then project
-                for j in range(p):
-                    if last[j] < nxt:
-                        wsum[j] += w[j] * (nxt - last[j])
-                        last[j] = nxt
-                    v[j] = w[j]
-                l1l2_project_kernel(v, B, c, rho, w, pw, seed, tol, max_iter)
+                flush_sum(w, wsum, last, nxt)
+                l1l2_project_kernel(w, B, c, rho, w, work, seed, tol, max_iter)
                 l1, d2 = _norms(w, c)
                 nproj += 1
         t += 1
