@@ -50,7 +50,7 @@ from pipeline.kernels.losses import LOGISTIC, SQUARED
 DEFAULT_L2 = None
 L2_PER_ROW = 3e-3
 # The final fit runs L-BFGS-B to its tolerance: at 35k webspam-like rows (stsgd's S, λ = 4.5e-6) 100 iterations
-# stopped short (projected gradient 7.7e-5 > λ; holdout 10.42%, 4,367 non-zeros), 185 converged (10.37%, 4,370).
+# stopped short (projected gradient 7.7e-5 > λ; holdout 10.42%, 4,367 non-zeros), 166 converged (10.37%, 4,371).
 DEFAULT_MAX_ITER = 300
 DEFAULT_TOL = 1e-6
 # Compacted blocks are cached per worker between evaluations; when a worker's share does not fit, every
