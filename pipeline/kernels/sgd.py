@@ -160,32 +160,34 @@ def _rate(n, j, delta):
 
 
 @numba.njit(cache=True, nogil=True)
-def _fold(w, Gl, n, G, wscale, theta, delta, ada):
+def _fold(w, Gl, n, G, wscale, theta, delta, ada, S=1, O=0):
     """Apply pending truncation (C-2) to every coordinate and multiply the scale in; O(p).
 
     The debt of coordinate j is G − Gl[j], divided by δ + √n_j when ``ada`` (``n``, ``delta`` unused otherwise).
-    Afterwards w holds the true weights and Gl is all zero (the caller resets G = 0, wscale = 1).
+    Afterwards w holds the true weights and Gl is all zero (the caller resets G = 0, wscale = 1). ``S``, ``O``: the
+    layout of w and Gl (:func:`sgd_tg_block`'s ``stride``, ``goff``).
     """
     th = theta / wscale
-    for j in range(w.shape[0]):
-        v = w[j]
-        pend = G - Gl[j]
+    for j in range(w.shape[0] // S):
+        v = w[S * j]
+        pend = G - Gl[S * j + O]
         if pend != 0.0:
             if ada:
                 pend = pend / _rate(n, j, delta)
             v = _t1(v, pend, th)
-        w[j] = v * wscale
-        Gl[j] = 0.0
+        w[S * j] = v * wscale
+        Gl[S * j + O] = 0.0
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
 def _tg_rows(indptr, indices, data, y, rows, w, Gl, n, istate, fstate, eta, schedule, power_t, l2, g, K, theta,
-             delta, loss, hinge_at_one, fit_bias, ada, bias_delta):
+             delta, loss, hinge_at_one, fit_bias, ada, bias_delta, S, O):
     """The one TG loop behind ``sgd_tg_block`` (``ada`` = False) and ``sgd_tg_ada_block`` (``ada`` = True).
 
     Inlined into both with ``ada`` a literal, so the compiler drops the AdaGrad branches from the plain kernel
     (same arithmetic, same machine code as without them). See the two kernels for the rules. ``bias_delta`` > 0
-    gives the bias alone an AdaGrad step (accumulator in fstate[3]); with ``ada`` the bias uses ``delta``.
+    gives the bias alone an AdaGrad step (accumulator in fstate[3]); with ``ada`` the bias uses ``delta``. Coordinate
+    j's weight is w[S·j], its applied gravity Gl[S·j + O] (S = 1, O = 0: two arrays; S = 2, O = 1: one interleaved).
     """
     t = istate[0]
     G = fstate[0]
@@ -217,19 +219,20 @@ def _tg_rows(indptr, indices, data, y, rows, w, Gl, n, istate, fstate, eta, sche
         for k in range(lo, hi):
             if k + PREFETCH_DISTANCE < hi:
                 jn = indices[k + PREFETCH_DISTANCE]
-                prefetch(wp, jn)
-                prefetch(gp, jn)
+                prefetch(wp, S * jn)
+                if S == 1:  # interleaved: Gl[2j + 1] shares w[2j]'s line
+                    prefetch(gp, jn)
                 if ada:
                     prefetch(npt, jn)
             j = indices[k]
-            v = w[j]
-            pend = G - Gl[j]
+            v = w[S * j]
+            pend = G - Gl[S * j + O]
             if pend != 0.0:
                 if ada:
                     pend = pend / _rate(n, j, delta)
                 v = _t1(v, pend, th)
-                w[j] = v
-                Gl[j] = G
+                w[S * j] = v
+                Gl[S * j + O] = G
             acc += v * data[k]
         f = s * acc + b
         d = dloss(f, y[i], loss, hinge_at_one)
@@ -245,7 +248,7 @@ def _tg_rows(indptr, indices, data, y, rows, w, Gl, n, istate, fstate, eta, sche
                 gk = d * data[k]
                 n[j] += gk * gk
                 dw = dw / _rate(n, j, delta)
-            w[j] -= dw
+            w[S * j] -= dw
         if fit_bias:
             if bias_ada:
                 nb += d * d
@@ -258,13 +261,13 @@ def _tg_rows(indptr, indices, data, y, rows, w, Gl, n, istate, fstate, eta, sche
             th = theta / s
             for k in range(lo, hi):
                 j = indices[k]
-                a = G - Gl[j]
+                a = G - Gl[S * j + O]
                 if ada:
                     a = a / _rate(n, j, delta)
-                w[j] = _t1(w[j], a, th)
-                Gl[j] = G
+                w[S * j] = _t1(w[S * j], a, th)
+                Gl[S * j + O] = G
         if s < FOLD_THRESHOLD:
-            _fold(w, Gl, n, G, s, theta, delta, ada)
+            _fold(w, Gl, n, G, s, theta, delta, ada, S, O)
             G = 0.0
             s = 1.0
     istate[0] = t
@@ -277,7 +280,7 @@ def _tg_rows(indptr, indices, data, y, rows, w, Gl, n, istate, fstate, eta, sche
 
 @numba.njit(cache=True, nogil=True)
 def sgd_tg_block(indptr, indices, data, y, rows, w, Gl, istate, fstate, eta, schedule, power_t, l2, g, K, theta,
-                 loss, hinge_at_one, fit_bias, bias_delta=0.0):
+                 loss, hinge_at_one, fit_bias, bias_delta=0.0, stride=1, goff=0):
     """Advance SGD / Truncated Gradient over the rows ``rows`` of one CSR block, lazily; cost O(Σ nnz(row)).
 
     Per step t: catch-up of the row's coordinates, f = wscale·(w·x) + b, d = ℓ'(f, y); decay
@@ -292,15 +295,18 @@ def sgd_tg_block(indptr, indices, data, y, rows, w, Gl, istate, fstate, eta, sch
     (may be inf), ``loss`` (losses code), ``hinge_at_one``, ``fit_bias``. Feature indices must be < len(w).
     ``bias_delta`` > 0: AdaGrad for the bias alone, n_b ← n_b + d², b ← b − η_t·d / (bias_delta + √n_b), with
     ``fstate`` = [G, wscale, bias, n_b] (float64[4]); the weights keep the global rate.
+    ``stride`` = 2, ``goff`` = 1: w and Gl are one interleaved float64[2p] array, passed as both (w_j at 2j, Gl_j at
+    2j + 1: one cache line per coordinate instead of two; 35k webspam-like rows at 16.6M features: 84 -> 107-114M
+    non-zeros/s, the same bits).
     """
     # n is never read without AdaGrad: Gl stands in for it (no allocation)
     _tg_rows(indptr, indices, data, y, rows, w, Gl, Gl, istate, fstate, eta, schedule, power_t, l2, g, K, theta,
-             0.0, loss, hinge_at_one, fit_bias, False, bias_delta)
+             0.0, loss, hinge_at_one, fit_bias, False, bias_delta, stride, goff)
 
 
 @numba.njit(cache=True, nogil=True)
 def sgd_tg_ada_block(indptr, indices, data, y, rows, w, Gl, n, istate, fstate, eta, schedule, power_t, l2, g, K,
-                     theta, delta, loss, hinge_at_one, fit_bias):
+                     theta, delta, loss, hinge_at_one, fit_bias, stride=1, goff=0):
     """``sgd_tg_block`` with AdaGrad steps η_{t,j} = η_t / (δ + √n_j); cost O(Σ nnz(row)).
 
     How the per-coordinate step enters the cumulative gravity: G keeps summing η_t·K·g / wscale (no
@@ -318,28 +324,28 @@ def sgd_tg_ada_block(indptr, indices, data, y, rows, w, Gl, n, istate, fstate, e
 
     Untouched coordinates are settled at their next touch or by ``tg_ada_flush``. Arguments as
     ``sgd_tg_block``, plus ``n`` (C-contiguous float64[p], Σ g_j²) and ``delta`` (δ > 0); ``fstate`` = [G, wscale, bias,
-    n_bias] (float64[4]).
+    n_bias] (float64[4]); ``stride``, ``goff`` as there (n stays its own array).
     """
     _tg_rows(indptr, indices, data, y, rows, w, Gl, n, istate, fstate, eta, schedule, power_t, l2, g, K, theta,
-             delta, loss, hinge_at_one, fit_bias, True, delta)
+             delta, loss, hinge_at_one, fit_bias, True, delta, stride, goff)
 
 
 @numba.njit(cache=True, nogil=True)
-def tg_flush(w, Gl, fstate, theta):
+def tg_flush(w, Gl, fstate, theta, stride=1, goff=0):
     """Apply all pending truncation (TG-2 / C-2) to every coordinate and fold wscale into w; O(p).
 
     Afterwards w holds the true weights, Gl[:] = 0, fstate[0] (G) = 0, fstate[1] (wscale) = 1; the bias and the
     step counter are unchanged. Idempotent. Call at pass ends and before any evaluation or export.
     """
-    _fold(w, Gl, Gl, fstate[0], fstate[1], theta, 0.0, False)
+    _fold(w, Gl, Gl, fstate[0], fstate[1], theta, 0.0, False, stride, goff)
     fstate[0] = 0.0
     fstate[1] = 1.0
 
 
 @numba.njit(cache=True, nogil=True)
-def tg_ada_flush(w, Gl, n, fstate, theta, delta):
+def tg_ada_flush(w, Gl, n, fstate, theta, delta, stride=1, goff=0):
     """``tg_flush`` for ``sgd_tg_ada_block``: coordinate j's pending gravity is (G − Gl[j]) / (δ + √n_j)."""
-    _fold(w, Gl, n, fstate[0], fstate[1], theta, delta, True)
+    _fold(w, Gl, n, fstate[0], fstate[1], theta, delta, True, stride, goff)
     fstate[0] = 0.0
     fstate[1] = 1.0
 
