@@ -365,6 +365,10 @@ class DaskExec:
             self._addrs = sorted(info()["workers"]) if info is not None else []
         return self._addrs
 
+    def slots(self) -> int:
+        """How many tasks run at once: the workers, or the thread executor's threads."""
+        return len(self.workers()) or getattr(self.client, "threads", 1)
+
     def put(self, x):
         """``x`` (a dict of arrays) as scattered data when large (a 16.6M-feature global state is 16 MB: inside
         a graph it draws Dask's "Sending large graph" warning); broadcast, so a lost worker loses no copy."""

@@ -304,7 +304,7 @@ class RefitProblem:
         self.split = (float(split[0]), int(split[1]))
         self.client = client
         self.ex = DaskExec(client) if client is not None else LocalExec()
-        self.chunk = chunk_blocks(len(entries), len(self.ex.workers()) if client is not None else 1)
+        self.chunk = chunk_blocks(len(entries), self.ex.slots() if client is not None else 1)
         # a key of its own: with a content hash, a just-released problem's scatter of the same support raced
         # this one ("Could not find data" on a worker, then a task that never ran)
         self.sup_ref = client.scatter(self.support, broadcast=True, hash=False) if client is not None else self.support

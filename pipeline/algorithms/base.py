@@ -107,13 +107,13 @@ def add_packed(a: tuple, b: tuple, n: int) -> tuple:
     (ia, va), (ib, vb) = a, b
     if is_dense_form(ia, va) or is_dense_form(ib, vb):
         return np.zeros(0, np.int64), dense_of(ia, va, n) + dense_of(ib, vb, n)
-    idx = np.concatenate([ia, ib])
-    idx.sort(kind="stable")  # two sorted runs: a merge (np.union1d's default sort took 1.1 s on 2 x 700k)
-    idx = idx[np.concatenate([[True], idx[1:] != idx[:-1]])] if idx.shape[0] else idx
+    from pipeline.kernels.sparse_sets import union_positions
+
+    idx, pa, pb = union_positions(ia, ib)  # a linear merge of the sorted supports
     xa = np.zeros(idx.shape[0], va.dtype)
-    xa[np.searchsorted(idx, ia)] = va
+    xa[pa] = va
     xb = np.zeros(idx.shape[0], vb.dtype)
-    xb[np.searchsorted(idx, ib)] = vb
+    xb[pb] = vb
     return compact_sparse(idx, xa + xb, n)
 
 
