@@ -17,11 +17,16 @@ _REFIT_OPTIONS = {
                      "training rows, chosen on the other 20%; the plain L2 refit at >= 20 training rows per "
                      "selected column) or a number; 0 refits with L2 only (fewer passes over the store)."),
     "l2": (None, {"min": 0.0}, "L2 penalty of the refit on the mean loss (default 3e-3 / training rows: 1e-7 at "
-                               "31k rows)."),
+                               "31k rows; with the 'auto' L1 penalty the validation rows choose between that and a "
+                               "tenth of it)."),
     "iters": (None, {"min": 1}, "L-BFGS-B iterations of the refit's final fit at most (default 300; it stops earlier at its tolerance)."),
     "relax": (False, {}, "With the 'auto' L1 penalty, also score Meinshausen's relaxed fits (phi x lambda on the "
                          "lasso's support at lambda, phi 1/2, 1/4, 1/8): sparser models at equal validation loss "
                          "on large sets, for twice the passes; less reliable on small ones."),
+    "adaptive": (True, {}, "With the 'auto' L1 penalty, also fit Zou's adaptive lasso on the chosen lasso's "
+                           "support (penalty weights max|w|/|w_j|), a candidate when it beats the lasso's validation "
+                           "loss by more than its standard error: fewer false features and less shrinkage (35k "
+                           "webspam-like rows: 9.34% error at 1,853 non-zeros against the lasso's 9.84% at 3,692)."),
     "kkt": (None, {"min": 0}, "After an L1 refit, check its KKT conditions on every column (a pass over the full "
                               "rows) and let up to N rounds add violating columns to the support (0: report only)."),
 }
@@ -55,6 +60,7 @@ def train(
     refit_l1: Optional[str] = refit_option("l1", "--refit-l1"),
     refit_kkt: Optional[int] = refit_option("kkt", "--refit-kkt"),
     refit_relax: bool = refit_option("relax", "--refit-relax"),
+    refit_adaptive: bool = refit_option("adaptive", "--refit-adaptive/--no-refit-adaptive"),
     refit_l2: Optional[float] = refit_option("l2", "--refit-l2"),
     refit_iters: Optional[int] = refit_option("iters", "--refit-iters"),
     training: TrainingOptions = None,
@@ -105,7 +111,7 @@ def train(
                         evaluate_every=run.get("evaluate_every", 1),
                         shuffle_window=run.get("shuffle_window", 4), progress=progress,
                         refit=refit_options(refit_by_default(name) if refit is None else refit, refit_l2,
-                                            refit_iters, refit_l1, refit_kkt, refit_relax),
+                                            refit_iters, refit_l1, refit_kkt, refit_relax, refit_adaptive),
                         blocks=_window(str(store), run.get("generations", 0)))
         bar.close()
         model.save(out)
@@ -152,18 +158,19 @@ def _window(store: str, last: int):
 
 
 _PRINTED = {"pass", "stage", "nnz", "density", "seconds", "elapsed", "holdout"}
-_REFIT_SUMMARY = ("l1", "l2", "kkt", "loss", "iterations", "evaluations", "objective", "grad_norm", "converged", "seconds",
+_REFIT_SUMMARY = ("l1", "l2", "adaptive", "kkt", "loss", "iterations", "evaluations", "objective", "grad_norm", "converged", "seconds",
                   "holdout_before", "nnz_before")
 
 
 def refit_options(on: bool, l2: float | None, iters: int | None, l1: str | None = None,
-                  kkt: int | None = None, relax: bool = False, l1_flag: str = "--refit-l1") -> dict | None:
+                  kkt: int | None = None, relax: bool = False, adaptive: bool = True,
+                  l1_flag: str = "--refit-l1") -> dict | None:
     """The keywords of :func:`pipeline.refit.refit` from the refit flags (train's ``--refit-*`` or `sparsepipe
     refit`'s); None without ``on``. A flag without ``on`` or a bad L1 value is a usage error (exit 2)."""
     if not on:
-        if l2 is not None or iters is not None or l1 is not None or kkt is not None or relax:
-            fail("--refit-l1, --refit-l2, --refit-iters, --refit-kkt and --refit-relax need --refit (on by default "
-                 "for stsgd only)", 2)
+        if l2 is not None or iters is not None or l1 is not None or kkt is not None or relax or not adaptive:
+            fail("--refit-l1, --refit-l2, --refit-iters, --refit-kkt, --refit-relax and --no-refit-adaptive need "
+                 "--refit (on by default for stsgd only)", 2)
         return None
     if l1 is not None:
         from pipeline.refit import parse_l1
@@ -173,7 +180,8 @@ def refit_options(on: bool, l2: float | None, iters: int | None, l1: str | None 
         except ValueError as e:
             fail(f"{l1_flag}: {e}", 2)
     return {k: v for k, v in (("l2", l2), ("max_iter", iters), ("l1", l1), ("kkt_rounds", kkt),
-                              ("relax", relax or None)) if v is not None}
+                              ("relax", relax or None), ("adaptive", None if adaptive else False))
+            if v is not None}
 
 
 def _write_record(path: Path, history: list) -> None:

@@ -62,6 +62,7 @@ def refit(
     iters: Optional[int] = refit_option("iters", "--iters"),
     kkt: Optional[int] = refit_option("kkt", "--kkt"),
     relax: bool = refit_option("relax", "--relax"),
+    adaptive: bool = refit_option("adaptive", "--adaptive/--no-adaptive"),
     workers: Optional[int] = typer.Option(None, "--workers", min=1, help="Start a local cluster of N processes "
                                                                          "(default: threads in this process)."),
     scheduler: Optional[str] = typer.Option(None, "--scheduler", help="Join this Dask scheduler instead."),
@@ -76,7 +77,7 @@ def refit(
     from pipeline.store.reader import open_store
     from pipeline.train import refit_model
 
-    options = refit_options(True, l2, iters, l1, kkt, relax, l1_flag="--l1")
+    options = refit_options(True, l2, iters, l1, kkt, relax, adaptive, l1_flag="--l1")
     try:
         m = load_model(model)
         st = open_store(str(store))

@@ -242,30 +242,97 @@ def test_kkt_rounds_reach_the_l1_optimum_over_all_columns(small, client):
 def test_auto_l1_is_chosen_on_training_rows_only_and_keeps_a_subset_of_s(wide):
     """The validated path: the chosen penalty is a path point, the path's validation losses come from training
     rows (never the holdout), the result is supported on S with exact zeros, and the split is seeded."""
+    from pipeline.refit import L2_GRID
+
     store, model = wide
-    r = refit(model, store, relax=True)
+    r = refit(model, store, relax=True, adaptive=False)
     info = r.meta["refit"]
     path = info["l1_path"]
     chosen = [p for p in path if p.get("chosen")]
     assert len(chosen) == 1 and info["l1"] == chosen[0]["l1"] > 0 and info["validation"] == 0.2
+    assert info["l2"] == chosen[0]["l2"] and info["adaptive"] is None
     best = min(path, key=lambda p: p["val_loss"])
     within = [p for p in path if p["val_loss"] <= best["val_loss"] + best["val_se"]]
     assert chosen[0] in within and chosen[0]["nnz"] == min(p["nnz"] for p in within)  # the sparsest within 1 SE
-    lasso = [p for p in path if p["phi"] == 1.0 and not p.get("refined")]
-    assert all(p["l1"] > q["l1"] for p, q in zip(lasso, lasso[1:]))  # decreasing penalties
-    refined = [p for p in path if p.get("refined")]  # between the coarse one-SE choice and the next larger λ
-    assert len(refined) == 2 and any(a["l1"] > refined[1]["l1"] > refined[0]["l1"] > b["l1"]
-                                     for a, b in zip(lasso, lasso[1:]))
+    rows = sum(e["rows"] for e in open_store(store).entries("train"))
+    assert sorted({p["l2"] for p in path}) == sorted(c / rows for c in L2_GRID)  # a lasso path at each l2
+    for l2 in L2_GRID:
+        seg = [p for p in path if p["l2"] == l2 / rows]
+        lasso = [p for p in seg if p["phi"] == 1.0 and not p.get("refined")]
+        assert all(p["l1"] > q["l1"] for p, q in zip(lasso, lasso[1:]))  # decreasing penalties
+        refined = [p for p in seg if p.get("refined")]  # between the coarse one-SE choice and the next larger λ
+        assert len(refined) == 2 and any(a["l1"] > refined[1]["l1"] > refined[0]["l1"] > b["l1"]
+                                         for a, b in zip(lasso, lasso[1:]))
     relaxed = [p for p in path if p["phi"] < 1.0]
     assert relaxed and info["relax"] == chosen[0]["phi"]
     for p in relaxed:  # φ·λ_k on the support of the lasso at λ_k: never more columns
-        point = next(q for q in lasso if q["l1"] == p["l1_select"])
+        point = next(q for q in path if q["phi"] == 1.0 and q["l1"] == p["l1_select"] and q["l2"] == p["l2"])
         assert p["l1"] == pytest.approx(p["phi"] * point["l1"]) and p["nnz"] <= point["nnz"]
     assert set(r.coef_indices.tolist()) <= set(model.coef_indices.tolist()) and r.nnz < model.nnz
-    again = refit(model, store, relax=True)
+    again = refit(model, store, relax=True, adaptive=False)
     np.testing.assert_array_equal(again.coef_values, r.coef_values)
-    plain = refit(model, store).meta["refit"]  # the default path: lasso points only
+    plain = refit(model, store).meta["refit"]  # the default path: lasso and adaptive points, none relaxed
     assert plain["relax"] == 1.0 and all(p["phi"] == 1.0 for p in plain["l1_path"])
+
+
+def test_adaptive_solve_equals_the_lasso_on_rescaled_columns(small):
+    """solve(..., weights=a): λ·Σ a_j|w_j| is the lasso on the columns x_j / a_j (Zou 2006, §3.5): the optimum of
+    scikit-learn's saga on the rescaled columns, mapped back (w_j = v_j / a_j), exact zeros included; columns
+    outside ``active`` stay exactly 0."""
+    from sklearn.linear_model import LogisticRegression
+
+    from pipeline.refit import solve
+
+    store, model = small
+    S = model.coef_indices
+    X, y = train_matrix(store, S)
+    rng = np.random.default_rng(5)
+    active = rng.random(S.size) < 0.8
+    a = np.where(active, rng.uniform(1.0, 4.0, S.size), 0.0)
+    l1 = 1e-3
+    prob = RefitProblem(store, S, l2=0.0)
+    theta, _ = solve(prob, np.zeros(S.size + 1), l1, max_iter=3000, tol=1e-10, active=active, weights=a)
+    assert np.all(theta[:-1][~active] == 0.0)
+    Xa = X[:, np.flatnonzero(active)] @ sp.diags(1.0 / a[active])
+    sk = LogisticRegression(penalty="l1", solver="saga", C=1.0 / (y.size * l1), tol=1e-10, max_iter=100000)
+    sk.fit(Xa, y)
+    w_sk = np.zeros(S.size)
+    w_sk[active] = sk.coef_.ravel() / a[active]
+
+    def objective(w, b):
+        return np.mean(np.logaddexp(0.0, -y * (X @ w + b))) + l1 * (a * np.abs(w)).sum()
+
+    assert objective(theta[:-1], theta[-1]) <= objective(w_sk, sk.intercept_[0]) + 1e-9
+    np.testing.assert_allclose(theta[:-1], w_sk, atol=2e-3 * np.abs(w_sk).max())
+    zeros = theta[:-1][active] == 0.0
+    assert 0 < zeros.sum() < active.sum()
+
+
+def test_adaptive_path_stays_on_the_chosen_lassos_support_and_must_beat_it(wide):
+    """The adaptive entries: penalties decreasing from the chosen lasso's λ, at its l2, never more columns than
+    it; they are candidates only when their best beats the lasso's best by its standard error; the model is the
+    final fit at the chosen entry's penalty (weights recorded), deterministic."""
+    store, model = wide
+    r = refit(model, store)
+    info = r.meta["refit"]
+    path = info["l1_path"]
+    lasso = [p for p in path if "adaptive" not in p]
+    ada = [p for p in path if "adaptive" in p]
+    assert ada and all(p["adaptive"] == 1.0 for p in ada)
+    init = next(p for p in lasso if p["l1"] == ada[0]["l1_select"] and p["l2"] == ada[0]["l2"])
+    assert ada[0]["l1"] == init["l1"] and all(p["l1"] > q["l1"] for p, q in zip(ada, ada[1:]))
+    assert all(p["nnz"] <= init["nnz"] and p["l2"] == init["l2"] for p in ada)
+    lbest = min(lasso, key=lambda p: p["val_loss"])
+    admitted = min(p["val_loss"] for p in ada) + lbest["val_se"] < lbest["val_loss"]
+    cands = lasso + (ada if admitted else [])
+    best = min(cands, key=lambda p: p["val_loss"])
+    within = [p for p in cands if p["val_loss"] <= best["val_loss"] + best["val_se"]]
+    chosen = next(p for p in path if p.get("chosen"))
+    assert chosen in within and chosen["nnz"] == min(p["nnz"] for p in within)
+    assert info["adaptive"] == chosen.get("adaptive") and info["l2"] == chosen["l2"]
+    assert info["l1_rule"] == "validated path (adaptive)"
+    assert set(r.coef_indices.tolist()) <= set(model.coef_indices.tolist())
+    np.testing.assert_array_equal(refit(model, store).coef_values, r.coef_values)
 
 
 def test_relaxed_solve_holds_inactive_columns_at_zero_and_equals_the_solve_on_the_subset(wide):
@@ -303,7 +370,7 @@ def test_auto_is_the_l2_refit_when_rows_are_many_per_selected_column(small, wide
     assert auto.meta["refit"]["l1_rule"].startswith("rows >=")
     np.testing.assert_array_equal(auto.coef_values, l2.coef_values)
     assert wide[1].nnz * AUTO_ROWS_PER_COLUMN > rows
-    assert refit(wide[1], store, max_iter=5).meta["refit"]["l1_rule"] == "validated path"
+    assert refit(wide[1], store, max_iter=5).meta["refit"]["l1_rule"] == "validated path (adaptive)"
 
 
 def test_validation_rows_are_seeded_per_block():
@@ -477,3 +544,19 @@ def test_cli_refit_command_equals_the_api_and_leaves_the_input(small, tmp_path):
     assert bad.exit_code == 2 and "--l1" in bad.output and not (tmp_path / "b.npz").exists()
     missing = CliRunner().invoke(app, ["refit", str(tmp_path / "none.npz"), store, "--out", str(tmp_path / "c.npz")])
     assert missing.exit_code == 1 and "none.npz" in missing.output and "Traceback" not in missing.output
+
+
+def test_cli_no_adaptive_flags_equal_the_api_and_need_the_refit(wide, tmp_path):
+    """`refit --no-adaptive` is refit(adaptive=False) (no adaptive entries in the path); train's
+    --no-refit-adaptive without a refit is a usage error that writes nothing."""
+    store, model = wide
+    src, out = tmp_path / "m.npz", tmp_path / "r.npz"
+    model.save(src)
+    r = CliRunner().invoke(app, ["refit", str(src), store, "--out", str(out), "--no-adaptive", "--json"])
+    assert r.exit_code == 0, r.output
+    got, ref = load_model(out), refit(model, store, adaptive=False)
+    np.testing.assert_array_equal(got.coef_values, ref.coef_values)
+    assert got.meta["refit"]["adaptive"] is None and not any("adaptive" in p for p in got.meta["refit"]["l1_path"])
+    bad = CliRunner().invoke(app, ["train", store, "--out", str(tmp_path / "t.npz"), "--algo", "tg", "--passes", "1",
+                                   "--no-refit-adaptive"])
+    assert bad.exit_code == 2 and "--no-refit-adaptive" in bad.output and not (tmp_path / "t.npz").exists()
