@@ -58,7 +58,7 @@ from pipeline.kernels.losses import LOGISTIC, SQUARED
 # and the validation rows choose (l1_path); a given l1 refits at L2_PER_ROW / n unless l2 is given.
 DEFAULT_L2 = None
 L2_PER_ROW = 3e-3
-L2_GRID = (3e-3, 3e-4)
+L2_GRID = (L2_PER_ROW, L2_PER_ROW / 10)
 # The final fit runs L-BFGS-B to its tolerance: at 35k webspam-like rows (stsgd's S, λ = 4.5e-6) 100 iterations
 # stopped short (projected gradient 7.7e-5 > λ; holdout 10.42%, 4,367 non-zeros), 166 converged (10.37%, 4,371).
 DEFAULT_MAX_ITER = 300
@@ -402,16 +402,18 @@ class RefitProblem:
                  for k in range(-(-n // c))]
         return self.ex.result(tree(self.ex, parts, _add))
 
-    def evaluate(self, theta, part: str = "all") -> tuple[float, np.ndarray]:
-        """F and ∇F at theta = [w (|S| entries), bias], over the rows of ``part`` (see :func:`block_task`)."""
+    def evaluate(self, theta, part: str = "all", l2: float | None = None) -> tuple[float, np.ndarray]:
+        """F and ∇F at theta = [w (|S| entries), bias], over the rows of ``part`` (see :func:`block_task`), with
+        the problem's l2 or the given one (the validated path tries several)."""
         t0 = time.perf_counter()
         theta = np.asarray(theta, dtype=np.float64)
         w, bias = theta[:-1], theta[-1]
         tot = self.sums(w, bias, part)
         n = tot[2]
-        f = tot[0] / n + 0.5 * self.l2 * float(w @ w)
+        l2 = self.l2 if l2 is None else l2
+        f = tot[0] / n + 0.5 * l2 * float(w @ w)
         g = np.empty_like(theta)
-        g[:-1] = tot[4:] / n + self.l2 * w
+        g[:-1] = tot[4:] / n + l2 * w
         g[-1] = tot[1] / n
         self.evaluations += 1
         self.eval_seconds += time.perf_counter() - t0
@@ -421,9 +423,10 @@ class RefitProblem:
 
 
 def solve(prob: RefitProblem, x0, l1: float = 0.0, part: str = "all", max_iter: int = DEFAULT_MAX_ITER,
-          tol: float = DEFAULT_TOL, active=None, weights=None):
+          tol: float = DEFAULT_TOL, active=None, weights=None, l2: float | None = None):
     """argmin over theta = [w, b] of F_part(w, b) + l1·Σ_j a_j·|w_j| by L-BFGS-B, from ``x0`` (a_j = ``weights``,
-    default 1: the lasso; the adaptive lasso's weights otherwise); returns (theta, scipy result).
+    default 1: the lasso; the adaptive lasso's weights otherwise; F at ``l2``, default the problem's); returns
+    (theta, scipy result).
 
     The variables are z = s ⊙ w with s = :meth:`RefitProblem.precondition` (the square root of the Hessian's
     diagonal at its largest): L-BFGS-B is not scale-invariant, and columns of S differ by orders of magnitude in
@@ -441,7 +444,7 @@ def solve(prob: RefitProblem, x0, l1: float = 0.0, part: str = "all", max_iter: 
     n = x0.size - 1
     if l1 <= 0:
         def smooth(z):
-            f, g = prob.evaluate(np.append(z[:-1] / sc, z[-1]), part)
+            f, g = prob.evaluate(np.append(z[:-1] / sc, z[-1]), part, l2)
             g[:-1] /= sc
             return f, g
 
@@ -450,7 +453,7 @@ def solve(prob: RefitProblem, x0, l1: float = 0.0, part: str = "all", max_iter: 
     pen = l1 / sc if weights is None else l1 * np.asarray(weights, dtype=np.float64) / sc
 
     def fun(z):
-        f, g = prob.evaluate(np.append((z[:n] - z[n:2 * n]) / sc, z[-1]), part)
+        f, g = prob.evaluate(np.append((z[:n] - z[n:2 * n]) / sc, z[-1]), part, l2)
         gw = g[:-1] / sc
         return f + float(pen @ (z[:n] + z[n:2 * n])), np.concatenate([gw + pen, pen - gw, g[-1:]])
 
@@ -479,18 +482,26 @@ def _within_one_se(path: list) -> list:
     return [i for i, e in enumerate(path) if e["val_loss"] <= best["val_loss"] + best["val_se"]]
 
 
-def _lasso_path(prob: RefitProblem, path, thetas, max_iter, tol, per_decade, decades, patience, refine):
-    """Appends glmnet's warm-started path at ``prob.l2`` to ``path``/``thetas`` (see :func:`l1_path`)."""
-    s, start = prob.support.size, len(path)
+def _null_start(prob: RefitProblem) -> tuple[np.ndarray, float]:
+    """(theta at w = 0 with the bias fitted, λ_max = max_j |∂F_fit/∂w_j| there: the smallest λ giving w = 0; the
+    same at every l2, as l2·w = 0)."""
+    s = prob.support.size
     tot = prob.sums(np.zeros(s), 0.0, "fit")  # ℓ'(0, y): logistic −y/2, squared −y
     ybar = -tot[1] / tot[2] * (2.0 if prob.loss == "logistic" else 1.0)
     b0 = float(np.log((1 + ybar) / (1 - ybar))) if prob.loss == "logistic" and abs(ybar) < 1 else float(ybar)
     theta = np.append(np.zeros(s), b0)
-    lam_max = float(np.max(np.abs(prob.evaluate(theta, "fit")[1][:-1]))) if s else 0.0
-    entry = {"phi": 1.0, "l2": prob.l2}
+    return theta, float(np.max(np.abs(prob.evaluate(theta, "fit")[1][:-1]))) if s else 0.0
+
+
+def _lasso_path(prob: RefitProblem, path, thetas, l2, null, max_iter, tol, per_decade, decades, patience, refine):
+    """Appends glmnet's warm-started path at ``l2`` from ``null`` (:func:`_null_start`) to ``path``/``thetas``
+    (see :func:`l1_path`); returns the index of its best coarse point."""
+    s, start = prob.support.size, len(path)
+    theta, lam_max = null
+    entry = {"phi": 1.0, "l2": l2}
     for k in range(1, int(decades * per_decade) + 1):
         lam = lam_max * 10.0 ** (-k / per_decade)
-        theta, res = solve(prob, theta, lam, "fit", max_iter, tol)
+        theta, res = solve(prob, theta, lam, "fit", max_iter, tol, l2=l2)
         path.append({**_scored(prob, theta, res, lam, lam), **entry})
         thetas.append(theta)
         best = min(range(start, len(path)), key=lambda i: path[i]["val_loss"])
@@ -499,7 +510,7 @@ def _lasso_path(prob: RefitProblem, path, thetas, max_iter, tol, per_decade, dec
     pick = start + _within_one_se(path[start:])[0]  # the largest λ within one SE (the penalties decrease)
     for j in range(1, refine + 1) if pick > start else ():  # between the one-SE choice and the larger λ outside
         lam = path[pick]["l1"] * 10.0 ** (j / (per_decade * (refine + 1)))
-        theta, res = solve(prob, thetas[-1] if j > 1 else thetas[pick], lam, "fit", max_iter, tol)
+        theta, res = solve(prob, thetas[-1] if j > 1 else thetas[pick], lam, "fit", max_iter, tol, l2=l2)
         path.append({**_scored(prob, theta, res, lam, lam), **entry, "refined": True})
         thetas.append(theta)
     return best
@@ -541,30 +552,28 @@ def l1_path(prob: RefitProblem, max_iter: int, tol: float, per_decade: int = PAT
     than the lasso's 0.306 ± 0.077 would have let the one-SE rule pick an 11-column model, test error 11% -> 15%).
 
     The choice over the candidates: the sparsest whose validation loss is within one standard error of the best.
-    ``prob.l2`` is left at the chosen entry's l2. Returns (the chosen entry: its "l1" (φ·λ_k for a relaxed one),
+    Returns (the chosen entry: its "l1" (φ·λ_k for a relaxed one),
     "l2", "phi", "adaptive" γ if any; theta on the fit rows; the support it is restricted to as a bool mask over S,
     or None for a lasso entry; the penalty weights a or None; the path as a list of dicts)."""
-    path, thetas = [], []
-    bests = []
-    for l2 in l2s or (prob.l2,):
-        prob.l2 = float(l2)
-        bests.append(_lasso_path(prob, path, thetas, max_iter, tol, per_decade, decades, patience, refine))
+    path, thetas, null = [], [], _null_start(prob)
+    bests = [_lasso_path(prob, path, thetas, float(l2), null, max_iter, tol, per_decade, decades, patience, refine)
+             for l2 in l2s or (prob.l2,)]
     best = min(bests, key=lambda i: path[i]["val_loss"])
     masks, weights = [None] * len(path), [None] * len(path)
     lasso = list(range(len(path)))
     lasso_best = path[min(lasso, key=lambda i: path[i]["val_loss"])]
-    prob.l2 = path[best]["l2"]
+    l2 = path[best]["l2"]
     relaxed_best = np.inf
     for k in range(best, -1, -1):  # coarse lasso points at the best's l2, from the best to larger λ
-        if path[k]["l2"] != prob.l2 or path[k].get("refined"):
+        if path[k]["l2"] != l2 or path[k].get("refined"):
             break
         active = thetas[k][:-1] != 0
         if not active.any():
             break
         theta, point_best, lam = thetas[k], np.inf, path[k]["l1"]
         for phi in relax:
-            theta, res = solve(prob, theta, phi * lam, "fit", max_iter, tol, active)
-            path.append({**_scored(prob, theta, res, phi * lam, lam, phi), "l2": prob.l2})
+            theta, res = solve(prob, theta, phi * lam, "fit", max_iter, tol, active, l2=l2)
+            path.append({**_scored(prob, theta, res, phi * lam, lam, phi), "l2": l2})
             thetas.append(theta)
             masks.append(active)
             weights.append(None)
@@ -580,14 +589,14 @@ def l1_path(prob: RefitProblem, max_iter: int, tol: float, per_decade: int = PAT
         active = thetas[init][:-1] != 0
         if not active.any():
             break
-        prob.l2 = path[init]["l2"]
+        l2 = path[init]["l2"]
         a, mag = np.zeros(prob.support.size), np.abs(thetas[init][:-1][active])
         a[active] = (mag.max() / mag) ** gamma
         theta, lam0, start = thetas[init], path[init]["l1"], len(path)
         for k in range(int(decades * per_decade) + 1):
             lam = lam0 * 10.0 ** (-k / per_decade)
-            theta, res = solve(prob, theta, lam, "fit", max_iter, tol, active, a)
-            path.append({**_scored(prob, theta, res, lam, lam0, 1.0), "l2": prob.l2, "adaptive": gamma})
+            theta, res = solve(prob, theta, lam, "fit", max_iter, tol, active, a, l2)
+            path.append({**_scored(prob, theta, res, lam, lam0, 1.0), "l2": l2, "adaptive": gamma})
             thetas.append(theta)
             masks.append(active)
             weights.append(a)
@@ -598,7 +607,6 @@ def l1_path(prob: RefitProblem, max_iter: int, tol: float, per_decade: int = PAT
             candidates += range(start, len(path))
     pick = _sparsest_within_one_se(path, candidates)
     path[pick]["chosen"] = True
-    prob.l2 = path[pick]["l2"]
     return path[pick], thetas[pick], masks[pick], weights[pick], path
 
 
@@ -682,6 +690,7 @@ def refit(model, store_path: str, client=None, l2: float = DEFAULT_L2, max_iter:
         chosen, x0, active, a, path = l1_path(prob, min(max_iter, PATH_MAX_ITER), tol, relax=relax,
                                               adaptive=adaptive, l2s=l2s)
         l1, phi, gamma = chosen["l1"], chosen["phi"], chosen.get("adaptive")
+        prob.l2 = chosen["l2"]  # the final fit (and the KKT check) at the chosen penalties
         rule = "validated path" + (" (relaxed)" if relax else "") + (" (adaptive)" if adaptive else "")
     x, res = solve(prob, x0, float(l1), "all", max_iter, tol, active, a)
     kkt, evaluations = None, prob.evaluations
