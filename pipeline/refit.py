@@ -58,7 +58,7 @@ from pipeline.kernels.losses import LOGISTIC, SQUARED
 # and the validation rows choose (l1_path); a given l1 refits at L2_PER_ROW / n unless l2 is given.
 DEFAULT_L2 = None
 L2_PER_ROW = 3e-3
-L2_GRID = (L2_PER_ROW, L2_PER_ROW / 10)
+L2_GRID = (L2_PER_ROW, 3e-4)  # a tenth of it (3e-3 / 10 would not be the same float)
 # The final fit runs L-BFGS-B to its tolerance: at 35k webspam-like rows (stsgd's S, λ = 4.5e-6) 100 iterations
 # stopped short (projected gradient 7.7e-5 > λ; holdout 10.42%, 4,367 non-zeros), 166 converged (10.37%, 4,371).
 DEFAULT_MAX_ITER = 300
