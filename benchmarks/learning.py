@@ -66,7 +66,7 @@ def liblinear(Xtr, ytr, Xho, yho, tidx, C: float) -> dict:
     from sklearn.linear_model import LogisticRegression
 
     t0 = time.perf_counter()
-    clf = LogisticRegression(penalty="l1", solver="liblinear", C=C, tol=1e-3, max_iter=100)
+    clf = LogisticRegression(penalty="l1", solver="liblinear", C=C, tol=1e-3, max_iter=100, random_state=0)
     clf.fit(Xtr, ytr)
     w = np.asarray(clf.coef_).ravel()
     f = Xho @ w + float(clf.intercept_[0])
