@@ -255,7 +255,7 @@ class STSGD(Algorithm):
         purge = state.get("purge", ())
         if len(purge):
             alive[np.asarray(purge, dtype=np.int64)] = False
-        idx = np.flatnonzero(v["w"])
+        idx = v["w"].nonzero()[0]  # on the strided column itself: np.flatnonzero would copy it first
         idx = idx[alive[idx]].astype(np.int64)
         out = {k: x for k, x in state.items() if k not in ("rec", "touched", "ratios", "purge")}
         out.update(w_idx=idx, w_val=v["w"][idx], alive=np.packbits(alive),

@@ -50,7 +50,7 @@ def sparse_counters(cnt_evid, cnt_surv, cnt_upd=None, chunk: int = 1 << 20):
     vals = [np.empty(n, dtype=count_dtype(c)) for c in cols]
     k = 0
     for lo in range(0, p, chunk):
-        part = np.flatnonzero(cols[0][lo:lo + chunk])
+        part = cols[0][lo:lo + chunk].nonzero()[0]  # a record column is strided: no flattened copy
         idx[k:k + part.size] = part + lo
         for v, c in zip(vals, cols):
             v[k:k + part.size] = c[lo:lo + chunk][part]
@@ -348,7 +348,8 @@ def aggregate_sparse(sets, M):
 
 def sparse_weights(w):
     """``(idx, values)`` of the non-zero weights of one path (for :func:`aggregate_sparse`)."""
-    idx = np.flatnonzero(w).astype(np.int64)
+    w = np.asarray(w)
+    idx = w.reshape(-1).nonzero()[0].astype(np.int64)  # a strided record column is read in place, not copied
     return idx, np.asarray(w, dtype=np.float64)[idx]
 
 
