@@ -3,6 +3,7 @@ measured per-process memory of a real training run.
 
     python -m benchmarks.memory [--features 16609143]
     python -m benchmarks.memory --train STORE [--algo stsgd] [--workers 2] [--passes 3] [--every 0.2] [--cache]
+    python -m benchmarks.memory --covering DIR --algo two-stage --passes 2   # the worst case: every weight non-zero
 
 ``--train`` runs ``sparsepipe train STORE --algo ALGO --workers N --passes P`` as its own process and samples RSS,
 PSS and USS of that process (the client, which also hosts the Dask scheduler) and of every worker process every
@@ -24,6 +25,12 @@ advance a copy; read-only arrays are shared), the task's scratch (``scratch_MB``
 state, the stage-end merge and a process baseline of 0.3 GB. The block cache is 0 at webspam scale
 (see pipeline.engine.cache_budget) and the decoded blocks of one shuffle window (4 x 64 MB blocks) come on
 top. Measured per-process peaks of whole runs are in benchmarks/webspam.py's output.
+
+``--covering DIR`` trains (as ``--train``) on a store whose rows cover every feature: :func:`covering_store` writes
+(once) DIR/covering.svm, 3,000 rows of ~28,000 uniformly drawn columns of the full width (84M non-zeros, 1.6 GB
+of text; 1 − e^(−4.6) = 99% of the columns in the training rows) and ingests it. webspam-like rows reach few columns
+(Zipf: 10M of 16.6M in 35k rows), so a compact state (two-stage, l1proj) stays far below its largest there; here it
+reaches it (two-stage: 96.5% of the weights non-zero after 2 passes).
 """
 from __future__ import annotations
 
@@ -211,12 +218,35 @@ def sample_train(store: str, algo: str, workers: int, passes: int, every: float,
                                                         for pid, rows in smp.samples.items()}}}
 
 
+def covering_store(d: str, rows: int = 3000, nnz_per_row: int = 28_000, features: int = 16_609_143,
+                   seed: int = 5) -> str:
+    """(Once) DIR/covering.svm, rows of ``nnz_per_row`` uniform random columns (value 1/√nnz; label the sign of a
+    1%-dense random w's score plus noise), ingested to DIR/covering.zarr; returns the store."""
+    os.makedirs(d, exist_ok=True)
+    src, store = os.path.join(d, "covering.svm"), os.path.join(d, "covering.zarr")
+    if not os.path.exists(src):
+        rng = np.random.default_rng(seed)
+        w = rng.standard_normal(features) * (rng.random(features) < 0.01)
+        with open(src + ".tmp", "w") as f:
+            for _ in range(rows):
+                idx = np.unique(rng.integers(0, features, nnz_per_row))
+                v = f"{1.0 / np.sqrt(idx.size):.6g}"
+                y = 1 if w[idx].sum() / np.sqrt(idx.size) + 0.1 * rng.standard_normal() > 0 else -1
+                f.write(f"{y:+d} " + f":{v} ".join(map(str, (idx + 1).tolist())) + f":{v}\n")
+        os.replace(src + ".tmp", src)
+    if not os.path.exists(store):
+        subprocess.run([str(Path(sys.executable).with_name("sparsepipe")), "ingest", src, "--out", store,
+                        "--workers", "2"], check=True, capture_output=True)
+    return store
+
+
 def main(argv=None):
     from pipeline.algorithms import ALGORITHMS
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--features", type=int, default=16_609_143)
     ap.add_argument("--train", metavar="STORE", help="sample the processes of a real `sparsepipe train` on STORE")
+    ap.add_argument("--covering", metavar="DIR", help="as --train, on covering_store(DIR): every feature in the rows")
     ap.add_argument("--algo", default="stsgd")
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--passes", type=int, default=3)
@@ -227,6 +257,8 @@ def main(argv=None):
     ap.add_argument("--algos", default=",".join(a for a in ALGORITHMS if a != "scd"),
                     help="comma-separated (scd keeps an in-memory column copy of the data: not a path state)")
     a, extra = ap.parse_known_args(argv)
+    if a.covering:
+        a.train = covering_store(a.covering)
     if a.train:
         r = sample_train(a.train, a.algo, a.workers, a.passes, a.every, a.cache, extra, a.model)
         (out_dir() / f"memory_train{a.tag}.timeline.json").write_text(json.dumps(r.pop("timeline")))
