@@ -44,6 +44,17 @@ def machine() -> dict:
     return {"cores": os.cpu_count(), "python": sys.version.split()[0], "load1": load}
 
 
+def l1_logistic(C: float, solver: str = "liblinear", **kw):
+    """scikit-learn's L1-regularised logistic regression (the LIBLINEAR / saga oracle) at C, spelled for the
+    installed version: ``penalty="l1"`` is deprecated from 1.8 on, where ``l1_ratio=1`` says the same."""
+    import sklearn
+    from sklearn.linear_model import LogisticRegression
+
+    major, minor = (int(x) for x in sklearn.__version__.split(".")[:2])
+    how = {"l1_ratio": 1.0} if (major, minor) >= (1, 8) else {"penalty": "l1"}
+    return LogisticRegression(**how, solver=solver, C=C, **kw)
+
+
 def synth_file(path: Path, rows: int, features: int = 16_609_143, nnz_per_row: int = 3700, seed: int = 0) -> Path:
     """Generate (once) a webspam-like LIBSVM file with `sparsepipe synth`."""
     if not path.exists():

@@ -19,8 +19,8 @@ Per set and loss (logistic, hinge):
 - ``ftrl`` with its defaults, and a grid over l1 (FTRL_L1);
 - ``stsgd+refit``, ``ftrl+refit``: the defaults followed by ``train --refit``'s defaults (the L1 refit on the
   support with its penalty chosen on 20% of the training rows);
-- LIBLINEAR exact L1-regularised logistic regression (scikit-learn ``LogisticRegression(penalty="l1",
-  solver="liblinear")``) over C in LL_C on the very training rows of the store (its training blocks, read
+- LIBLINEAR exact L1-regularised logistic regression (scikit-learn's L1 ``LogisticRegression(solver="liblinear")``,
+  ``benchmarks.common.l1_logistic``) over C in LL_C on the very training rows of the store (its training blocks, read
   back, in memory) -> best error, and the error at the C whose density is closest (in log) to a default's
   density ("matched density"). LIBLINEAR is logistic only; hinge rows are compared with the same L1-LR.
 
@@ -46,11 +46,10 @@ import math
 import os
 import random
 import time
-import warnings
 
 import numpy as np
 
-from benchmarks.common import DATA, out_dir, report
+from benchmarks.common import DATA, l1_logistic, out_dir, report
 
 SETS = {  # name: (train file, test file or None)
     "dexter": ("dexter/dexter_train.svm", "dexter/dexter_valid.svm"),
@@ -157,18 +156,13 @@ def run_fit(where: dict, algo: str, opts: dict, refit: dict | None = None) -> di
 
 
 def liblinear(where: dict) -> list[dict]:
-    from sklearn.linear_model import LogisticRegression
-
     X, y = _rows(where["train"], "train")
     Xt, yt = _rows(where["eval_store"], where["split"])
     out = []
     for C in LL_C:
         c0 = time.process_time()
-        clf = LogisticRegression(penalty="l1", solver="liblinear", C=C, random_state=0)  # max_iter 100 (the default)
-        with warnings.catch_warnings():  # scikit-learn >= 1.8 deprecates penalty= (same L1 liblinear solver)
-            warnings.simplefilter("ignore", FutureWarning)
-            warnings.simplefilter("ignore", UserWarning)
-            clf.fit(X, y)
+        clf = l1_logistic(C, random_state=0)  # max_iter 100 (the default)
+        clf.fit(X, y)
         f = clf.decision_function(Xt)
         nnz = int(np.count_nonzero(clf.coef_))
         out.append({"C": C, "error": float(np.mean(yt * f <= 0)), "density": nnz / X.shape[1], "nnz": nnz,

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.common import out_dir, report, synth_file
+from benchmarks.common import l1_logistic, out_dir, report, synth_file
 from benchmarks.diagnose import load_truth, support_scores
 
 
@@ -63,10 +63,8 @@ def ours(store: str, algo: str, extra: list[str], passes: int, workers: int, Xho
 
 
 def liblinear(Xtr, ytr, Xho, yho, tidx, C: float) -> dict:
-    from sklearn.linear_model import LogisticRegression
-
     t0 = time.perf_counter()
-    clf = LogisticRegression(penalty="l1", solver="liblinear", C=C, tol=1e-3, max_iter=100, random_state=0)
+    clf = l1_logistic(C, tol=1e-3, max_iter=100, random_state=0)
     clf.fit(Xtr, ytr)
     w = np.asarray(clf.coef_).ravel()
     f = Xho @ w + float(clf.intercept_[0])

@@ -8,6 +8,7 @@ import pytest
 import scipy.sparse as sp
 from typer.testing import CliRunner
 
+from benchmarks.common import l1_logistic
 from cli.main import app
 from pipeline.ingest import IngestOptions, ingest
 from pipeline.kernels import refit as K
@@ -179,12 +180,9 @@ def test_take_rows_equals_scipy_row_selection():
         np.testing.assert_array_equal(v, ref.data)
 
 
-@pytest.mark.filterwarnings("ignore:.*penalty:FutureWarning", "ignore:Inconsistent values:UserWarning")
 def test_l1_solve_equals_scikit_learn_l1_logistic_with_exact_zeros(small):
     """With an L1 penalty the refit on S is L1-regularised logistic regression restricted to S: the optimum of
     scikit-learn's saga solver (unpenalised intercept) at C = 1/(n·l1), exact zeros included."""
-    from sklearn.linear_model import LogisticRegression
-
     from pipeline.refit import solve
 
     store, model = small
@@ -193,7 +191,7 @@ def test_l1_solve_equals_scikit_learn_l1_logistic_with_exact_zeros(small):
     l1 = 2e-3
     prob = RefitProblem(store, S, l2=0.0)
     theta, res = solve(prob, np.zeros(S.size + 1), l1, max_iter=2000, tol=1e-10)
-    sk = LogisticRegression(penalty="l1", solver="saga", C=1.0 / (y.size * l1), tol=1e-10, max_iter=100000)
+    sk = l1_logistic(1.0 / (y.size * l1), "saga", tol=1e-10, max_iter=100000)
     sk.fit(X, y)
 
     def objective(w, b):
@@ -207,13 +205,10 @@ def test_l1_solve_equals_scikit_learn_l1_logistic_with_exact_zeros(small):
     assert (zeros == (np.abs(w_sk) < 1e-6)).mean() > 0.97  # the same support, up to saga's tolerance
 
 
-@pytest.mark.filterwarnings("ignore:.*penalty:FutureWarning", "ignore:Inconsistent values:UserWarning")
 def test_kkt_rounds_reach_the_l1_optimum_over_all_columns(small, client):
     """From a support that misses columns of the L1 solution, the KKT check finds violators (report only: the
     model is the restricted one) and the expansion rounds reach the optimum over every column: scikit-learn's on
     the full width (the objective, the non-zeros), with no violator left."""
-    from sklearn.linear_model import LogisticRegression
-
     store, model = small
     l1 = 2e-3
     narrow = Model(model.n_features, model.coef_indices[::3], model.coef_values[::3], model.bias, meta=model.meta)
@@ -229,7 +224,7 @@ def test_kkt_rounds_reach_the_l1_optimum_over_all_columns(small, client):
     blocks = list(st.blocks("train"))
     X = sp.vstack([b.X for b in blocks]).tocsr().astype(np.float64)
     y = np.concatenate([b.y for b in blocks])
-    sk = LogisticRegression(penalty="l1", solver="saga", C=1.0 / (y.size * l1), tol=1e-10, max_iter=100000).fit(X, y)
+    sk = l1_logistic(1.0 / (y.size * l1), "saga", tol=1e-10, max_iter=100000).fit(X, y)
 
     def objective(w, b):
         return np.mean(np.logaddexp(0.0, -y * (X @ w + b))) + l1 * np.abs(w).sum()
@@ -279,8 +274,6 @@ def test_adaptive_solve_equals_the_lasso_on_rescaled_columns(small):
     """solve(..., weights=a): λ·Σ a_j|w_j| is the lasso on the columns x_j / a_j (Zou 2006, §3.5): the optimum of
     scikit-learn's saga on the rescaled columns, mapped back (w_j = v_j / a_j), exact zeros included; columns
     outside ``active`` stay exactly 0."""
-    from sklearn.linear_model import LogisticRegression
-
     from pipeline.refit import solve
 
     store, model = small
@@ -294,7 +287,7 @@ def test_adaptive_solve_equals_the_lasso_on_rescaled_columns(small):
     theta, _ = solve(prob, np.zeros(S.size + 1), l1, max_iter=3000, tol=1e-10, active=active, weights=a)
     assert np.all(theta[:-1][~active] == 0.0)
     Xa = X[:, np.flatnonzero(active)] @ sp.diags(1.0 / a[active])
-    sk = LogisticRegression(penalty="l1", solver="saga", C=1.0 / (y.size * l1), tol=1e-10, max_iter=100000)
+    sk = l1_logistic(1.0 / (y.size * l1), "saga", tol=1e-10, max_iter=100000)
     sk.fit(Xa, y)
     w_sk = np.zeros(S.size)
     w_sk[active] = sk.coef_.ravel() / a[active]
