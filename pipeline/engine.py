@@ -332,6 +332,9 @@ class LocalExec:
     def result(self, x):
         return x
 
+    def gather(self, xs) -> list:
+        return list(xs)
+
     def first(self, x, i):
         return x[i]
 
@@ -378,6 +381,10 @@ class DaskExec:
 
     def result(self, x):
         return x.result()
+
+    def gather(self, xs) -> list:
+        """The results of the futures ``xs``, in their order (one request)."""
+        return self.client.gather(list(xs))
 
     def first(self, x, i):
         return self.client.submit(_item, x, i, pure=False)

@@ -14,10 +14,12 @@ exact solver on it (an L1 solve on S equals the one on all columns whenever S ho
 
 Every function evaluation is exact and full-batch: a map over the store's training blocks (holdout blocks are
 never read), each task computing the block's loss sum and gradient restricted to S with a numba kernel
-(:mod:`pipeline.kernels.refit`), the results tree-reduced (the engine's executors and ``tree``, as in
-:mod:`pipeline.evaluate`); scipy's L-BFGS-B runs on the client in |S| + 1 dimensions, started from the sparse
-model's own weights. Each worker compacts a block to the columns of S once and keeps it (keyed by store,
-manifest version, block and a hash of S, bounded in bytes), so later evaluations cost O(non-zeros in S).
+(:mod:`pipeline.kernels.refit`), one task per chunk of blocks on the engine's executors, the chunks' vectors
+added on the client in the engine tree's fixed order (:func:`tree_sum`: deterministic); scipy's L-BFGS-B runs on
+the client in |S| + 1 dimensions, started from the sparse model's own weights. Each worker compacts a block to the
+columns of S once and keeps it (keyed by store, manifest version, block and a hash of S, bounded in bytes), so
+later evaluations cost O(non-zeros in S). The validated path's l2 segments run in threads of their own
+(:func:`_lasso_segments`), each evaluation's waits on the workers filled by the other's.
 
 Loss: the model's training loss when it is smooth (logistic, squared); a model trained with hinge loss (or
 without a loss, e.g. nssl) is refitted with logistic loss on binary labels (smooth, and its log-loss is a
@@ -68,7 +70,6 @@ DEFAULT_TOL = 1e-6
 # decode of the store). 4 GiB holds a 2-worker share of a 16.6M-feature store's compaction to ~20k columns.
 DEFAULT_CACHE_BYTES = 4 << 30
 REFIT_WORKER_BASE = 600 << 20  # a worker's process, one decoded block and the KKT pass's width-sized scratch
-SCATTER_BYTES = 1 << 16  # a larger weight vector goes to the workers scattered, once per evaluation
 DEFAULT_L1 = "auto"
 VALIDATION_FRACTION = 0.2  # training rows set aside to choose the refit's L1 penalty
 # The L1 path: 3 penalties a decade over 4 decades below λ_max, stopped 2 points past the best; each point gets at
@@ -280,10 +281,6 @@ def full_gradient_task(data, b: int, support, sig: str, w, bias: float, code: in
     return (idx.astype(np.int32) if data.n_features < 2**31 else idx), vals
 
 
-def _add(a, b):
-    return a + b
-
-
 # ------------------------------------------------------------------------------------- client side
 
 class RefitProblem:
@@ -322,6 +319,7 @@ class RefitProblem:
         self.sup_ref = client.scatter(self.support, broadcast=True, hash=False) if client is not None else self.support
         self.evaluations = 0
         self.eval_seconds = 0.0
+        self._count_lock = threading.Lock()  # the validated path's l2 segments evaluate from threads of their own
         self.progress = progress  # called with the evaluation count after every evaluation
         self._store, self._scale, self._stats = st, None, None
         self.cache_bytes = self.fitting_cache(self.cache_bytes)
@@ -360,7 +358,7 @@ class RefitProblem:
         """∂/∂w_j of the mean loss at theta (w on S) for every column j of the width: one pass over the training
         blocks' full rows, partial sums added on the client in block order (deterministic)."""
         theta = np.asarray(theta, dtype=np.float64)
-        w = self._ship(theta[:-1])
+        w = self._ship(theta[:-1], len(self.data.keys))
         g = np.zeros(self.data.n_features, dtype=np.float64)
         pending: list = []
         for b in range(len(self.data.keys) + GRADIENT_WINDOW):  # at most GRADIENT_WINDOW results outstanding
@@ -383,24 +381,28 @@ class RefitProblem:
             self._scale = np.where(ss > 0, np.sqrt(c * ss / n + self.l2), 1.0)
         return self._scale
 
-    def _ship(self, w):
-        """w for the block tasks: a larger vector goes to the workers scattered, once per pass, not once per task."""
+    def _ship(self, w, copies: int):
+        """w for ``copies`` block tasks: inside their graphs while that is at most LARGE_ARG bytes in all (35k rows,
+        |S| = 12k: 3 chunk tasks of 99 KB each; a scatter first is one more round trip per evaluation, ~11 ms of
+        ~80 on 2 workers), else scattered to the workers once."""
+        from pipeline.engine import LARGE_ARG
+
         w = np.asarray(w, dtype=np.float64)
-        if self.client is not None and w.nbytes > SCATTER_BYTES:
+        if self.client is not None and w.nbytes * copies > LARGE_ARG:
             w = self.client.scatter(w, broadcast=True, hash=False)
         return w
 
     def sums(self, w, bias, part: str = "all") -> np.ndarray:
-        """Sum over all training blocks of :func:`block_task`'s vector (a fixed tree: deterministic), one task per chunk
-        of ``self.chunk`` blocks (:func:`chunk_task`)."""
-        from pipeline.engine import tree
-
-        w = self._ship(w)
+        """Sum over all training blocks of :func:`block_task`'s vector, one task per chunk of ``self.chunk`` blocks
+        (:func:`chunk_task`), the chunks' vectors added on the client in the fixed tree's order (:func:`tree_sum`,
+        the engine's ``tree``: deterministic), not by more tasks (each one more round trip)."""
         n, c = len(self.data.keys), self.chunk
-        parts = [self.ex.submit_pinned(k, chunk_task, self.data, k * c, min(n, (k + 1) * c), self.sup_ref,
+        k = -(-n // c)
+        w = self._ship(w, k)
+        parts = [self.ex.submit_pinned(i, chunk_task, self.data, i * c, min(n, (i + 1) * c), self.sup_ref,
                                        self.sig, w, float(bias), self.code, self.cache_bytes, self.split, part)
-                 for k in range(-(-n // c))]
-        return self.ex.result(tree(self.ex, parts, _add))
+                 for i in range(k)]
+        return tree_sum(self.ex.gather(parts))
 
     def evaluate(self, theta, part: str = "all", l2: float | None = None) -> tuple[float, np.ndarray]:
         """F and ∇F at theta = [w (|S| entries), bias], over the rows of ``part`` (see :func:`block_task`), with
@@ -415,10 +417,11 @@ class RefitProblem:
         g = np.empty_like(theta)
         g[:-1] = tot[4:] / n + l2 * w
         g[-1] = tot[1] / n
-        self.evaluations += 1
-        self.eval_seconds += time.perf_counter() - t0
-        if self.progress is not None:
-            self.progress(self.evaluations)
+        with self._count_lock:
+            self.evaluations += 1
+            self.eval_seconds += time.perf_counter() - t0
+            if self.progress is not None:
+                self.progress(self.evaluations)
         return float(f), g
 
 
@@ -516,6 +519,29 @@ def _lasso_path(prob: RefitProblem, path, thetas, l2, null, max_iter, tol, per_d
     return best
 
 
+def _lasso_segments(prob: RefitProblem, l2s, *args):
+    """:func:`_lasso_path` at each l2 of ``l2s`` from w = 0 (:func:`_null_start`), in a thread each: the segments
+    are independent, so they fill each other's waits on the workers (an evaluation's scheduling and transfers)
+    and give the same entries as one after the other. Returns (path, thetas, the index of each segment's best
+    coarse point), the segments in ``l2s``'s order."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    null = _null_start(prob)
+
+    def segment(l2):
+        path, thetas = [], []
+        return path, thetas, _lasso_path(prob, path, thetas, float(l2), null, *args)
+
+    with ThreadPoolExecutor(len(l2s)) as pool:
+        parts = list(pool.map(segment, l2s))
+    path, thetas, bests = [], [], []
+    for p, t, best in parts:
+        bests.append(len(path) + best)
+        path += p
+        thetas += t
+    return path, thetas, bests
+
+
 def _sparsest_within_one_se(path, among) -> int:
     """The entry of ``among`` (indices into ``path``) with the fewest non-zeros (then the largest penalty) whose
     validation loss is within one standard error of the best of ``among``."""
@@ -555,9 +581,8 @@ def l1_path(prob: RefitProblem, max_iter: int, tol: float, per_decade: int = PAT
     Returns (the chosen entry: its "l1" (φ·λ_k for a relaxed one),
     "l2", "phi", "adaptive" γ if any; theta on the fit rows; the support it is restricted to as a bool mask over S,
     or None for a lasso entry; the penalty weights a or None; the path as a list of dicts)."""
-    path, thetas, null = [], [], _null_start(prob)
-    bests = [_lasso_path(prob, path, thetas, float(l2), null, max_iter, tol, per_decade, decades, patience, refine)
-             for l2 in l2s or (prob.l2,)]
+    path, thetas, bests = _lasso_segments(prob, l2s or (prob.l2,), max_iter, tol, per_decade, decades, patience,
+                                          refine)
     best = min(bests, key=lambda i: path[i]["val_loss"])
     masks, weights = [None] * len(path), [None] * len(path)
     lasso = list(range(len(path)))

@@ -118,12 +118,12 @@ def test_chunked_sums_equal_the_per_block_tree_bit_for_bit(small, client):
     """An evaluation task sums a chunk of C blocks (C a power of two) in the block tree's own order: the same bits
     for every chunk size, worker count and executor as one task per block (the fixed tree over all blocks)."""
     from pipeline.engine import LocalExec, tree
-    from pipeline.refit import _add, chunk_blocks, tree_sum
+    from pipeline.refit import chunk_blocks, tree_sum
 
     rng = np.random.default_rng(5)
     for n in range(1, 40):  # tree_sum is tree()'s order, an odd last item carried at every level
         items = [rng.standard_normal(7) * 10.0 ** rng.integers(-8, 8) for _ in range(n)]
-        assert tree_sum(iter(items)).tobytes() == tree(LocalExec(), items, _add).tobytes()
+        assert tree_sum(iter(items)).tobytes() == tree(LocalExec(), items, np.add).tobytes()
     store, model = small
     S = model.coef_indices
     theta = np.append(rng.standard_normal(S.size), 0.2)
