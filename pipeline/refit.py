@@ -320,6 +320,7 @@ class RefitProblem:
         self.evaluations = 0
         self.eval_seconds = 0.0
         self._count_lock = threading.Lock()  # the validated path's l2 segments evaluate from threads of their own
+        self.cancelled = threading.Event()  # set: every evaluation raises (a segment failed or was interrupted)
         self.progress = progress  # called with the evaluation count after every evaluation
         self._store, self._scale, self._stats = st, None, None
         self.cache_bytes = self.fitting_cache(self.cache_bytes)
@@ -407,6 +408,8 @@ class RefitProblem:
     def evaluate(self, theta, part: str = "all", l2: float | None = None) -> tuple[float, np.ndarray]:
         """F and ∇F at theta = [w (|S| entries), bias], over the rows of ``part`` (see :func:`block_task`), with
         the problem's l2 or the given one (the validated path tries several)."""
+        if self.cancelled.is_set():
+            raise RuntimeError("refit cancelled")
         t0 = time.perf_counter()
         theta = np.asarray(theta, dtype=np.float64)
         w, bias = theta[:-1], theta[-1]
@@ -523,8 +526,9 @@ def _lasso_segments(prob: RefitProblem, l2s, *args):
     """:func:`_lasso_path` at each l2 of ``l2s`` from w = 0 (:func:`_null_start`), in a thread each: the segments
     are independent, so they fill each other's waits on the workers (an evaluation's scheduling and transfers)
     and give the same entries as one after the other. Returns (path, thetas, the index of each segment's best
-    coarse point), the segments in ``l2s``'s order."""
-    from concurrent.futures import ThreadPoolExecutor
+    coarse point), the segments in ``l2s``'s order. When one fails (or the caller is interrupted) the others stop
+    at their next evaluation (:attr:`RefitProblem.cancelled`) and the error is raised."""
+    from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 
     null = _null_start(prob)
 
@@ -532,8 +536,19 @@ def _lasso_segments(prob: RefitProblem, l2s, *args):
         path, thetas = [], []
         return path, thetas, _lasso_path(prob, path, thetas, float(l2), null, *args)
 
-    with ThreadPoolExecutor(len(l2s)) as pool:
-        parts = list(pool.map(segment, l2s))
+    pool = ThreadPoolExecutor(len(l2s))
+    futures = [pool.submit(segment, l2) for l2 in l2s]
+    try:
+        wait(futures, return_when=FIRST_EXCEPTION)
+        failed = [f.exception() for f in futures if f.done() and f.exception() is not None]
+        if failed:
+            raise failed[0]
+        parts = [f.result() for f in futures]
+    except BaseException:  # a failed segment or a Ctrl-C: the others stop at their next evaluation, not at their end
+        prob.cancelled.set()
+        raise
+    finally:
+        pool.shutdown(wait=True)
     path, thetas, bests = [], [], []
     for p, t, best in parts:
         bests.append(len(path) + best)

@@ -270,6 +270,24 @@ def test_auto_l1_is_chosen_on_training_rows_only_and_keeps_a_subset_of_s(wide):
     assert plain["relax"] == 1.0 and all(p["phi"] == 1.0 for p in plain["l1_path"])
 
 
+def test_a_failing_l2_segment_stops_the_other_and_raises(small):
+    """The validated path's l2 segments run in threads: when one fails, the other stops at its next evaluation (a
+    whole segment is hundreds) and the failure reaches the caller; the problem then refuses to evaluate."""
+    from pipeline.refit import PATH_DECADES, PATH_PATIENCE, PATH_PER_DECADE, PATH_REFINE, _lasso_segments
+
+    store, model = small
+    prob = RefitProblem(store, model.coef_indices, l2=1e-3, split=(0.2, 0))
+    args = (60, 1e-6, PATH_PER_DECADE, PATH_DECADES, PATH_PATIENCE, PATH_REFINE)
+    whole = RefitProblem(store, model.coef_indices, l2=1e-3, split=(0.2, 0))
+    _lasso_segments(whole, (1e-3,), *args)
+    assert whole.evaluations > 100
+    with pytest.raises(ValueError, match="could not convert"):
+        _lasso_segments(prob, (1e-3, "not a penalty"), *args)
+    assert prob.evaluations < whole.evaluations / 4
+    with pytest.raises(RuntimeError, match="cancelled"):
+        prob.evaluate(np.zeros(model.coef_indices.size + 1))
+
+
 def test_adaptive_solve_equals_the_lasso_on_rescaled_columns(small):
     """solve(..., weights=a): λ·Σ a_j|w_j| is the lasso on the columns x_j / a_j (Zou 2006, §3.5): the optimum of
     scikit-learn's saga on the rescaled columns, mapped back (w_j = v_j / a_j), exact zeros included; columns
