@@ -30,30 +30,6 @@ from benchmarks.learning import _matrix
 STEPS = 40  # at most this many λ points a path; each stops PATH_PATIENCE points after its best validation loss
 
 
-def _weights(init, gamma):
-    """Zou's penalty weights a_j = (max|w̃|/|w̃_j|)^γ on supp(w̃), 0 (held at zero) elsewhere."""
-    mag = np.abs(init[:-1])
-    a = np.zeros(mag.size)
-    a[mag > 0] = (mag.max() / mag[mag > 0]) ** gamma
-    return a
-
-
-def _adaptive(prob, R, start, a, lam0, l2, scored):
-    """The adaptive lasso's path with weights ``a`` from ``start``, λ = lam0 down by the path's steps; returns the
-    best validation entry's theta."""
-    active = a > 0
-    theta, best, top = start, (np.inf, start), 0
-    for k in range(STEPS):
-        theta, res = R.solve(prob, theta, lam0 * 10.0 ** (-k / R.PATH_PER_DECADE), "fit", R.PATH_MAX_ITER,
-                             R.DEFAULT_TOL, active, a, l2)
-        val = scored(theta, res)
-        if val < best[0]:
-            best, top = (val, theta), k
-        if k - top >= R.PATH_PATIENCE:
-            break
-    return best[1]
-
-
 def main(argv=None):
     from distributed import Client, LocalCluster
 
@@ -99,26 +75,28 @@ def main(argv=None):
         starts = {"one-SE lasso": R._sparsest_within_one_se(path, lasso),
                   "lowest-loss lasso": min(lasso, key=lambda i: path[i]["val_loss"])}
 
-        def scored(family):
-            def f(theta, res):
-                val = R._scored(prob, theta, res, 0.0, 0.0)["val_loss"]
-                score(theta, family, val_loss=val)
-                return val
-            return f
+        def adaptive(start, a, lam0, l2, gamma, family):
+            """The adaptive path (pipeline.refit.adaptive_path) scored point by point; its best theta."""
+            seg, ths = [], []
+            top = R.adaptive_path(prob, seg, ths, start, a, lam0, l2, gamma, R.PATH_MAX_ITER, R.DEFAULT_TOL,
+                                  R.PATH_PER_DECADE, STEPS, R.PATH_PATIENCE)
+            for e, th in zip(seg, ths):
+                score(th, family, val_loss=e["val_loss"])
+            return ths[top]
 
         for name, i in starts.items():
-            fam = f"adaptive γ = 1 from the {name}"
-            best = _adaptive(prob, R, thetas[i], _weights(thetas[i], 1.0), path[i]["l1"], path[i]["l2"], scored(fam))
+            best = adaptive(thetas[i], R.adaptive_weights(thetas[i], 1.0), path[i]["l1"], path[i]["l2"], 1.0,
+                            f"adaptive γ = 1 from the {name}")
             for alpha in (0.25, 0.5, 0.75):
                 score(alpha * thetas[i] + (1 - alpha) * best, f"mixture with the {name}", alpha=alpha)
         l2 = path[starts["one-SE lasso"]]["l2"]
         ridge, _ = R.solve(prob, null[0], 0.0, "fit", R.PATH_MAX_ITER, R.DEFAULT_TOL, l2=l2)
         g = np.abs(prob.evaluate(null[0], "fit", l2)[1][:-1])
         for gamma in (1.0, 0.5):
-            a_r = _weights(ridge, gamma)
+            a_r = R.adaptive_weights(ridge, gamma)
             lam_max = float(np.max(g[a_r > 0] / a_r[a_r > 0]))  # the weighted lasso's λ_max at w = 0
-            _adaptive(prob, R, null[0], a_r, lam_max * 10.0 ** (-1 / R.PATH_PER_DECADE), l2,
-                      scored(f"adaptive γ = {gamma:g} from a ridge fit on S"))
+            adaptive(null[0], a_r, lam_max * 10.0 ** (-1 / R.PATH_PER_DECADE), l2, gamma,
+                     f"adaptive γ = {gamma:g} from a ridge fit on S")
     summary = []
     for fam in dict.fromkeys(p["family"] for p in points):
         ps = [p for p in points if p["family"] == fam]

@@ -539,10 +539,8 @@ def _lasso_segments(prob: RefitProblem, l2s, *args):
     pool = ThreadPoolExecutor(len(l2s))
     futures = [pool.submit(segment, l2) for l2 in l2s]
     try:
-        wait(futures, return_when=FIRST_EXCEPTION)
-        failed = [f.exception() for f in futures if f.done() and f.exception() is not None]
-        if failed:
-            raise failed[0]
+        for f in wait(futures, return_when=FIRST_EXCEPTION).done:
+            f.result()  # raises a failed segment's error while the others still run
         parts = [f.result() for f in futures]
     except BaseException:  # a failed segment or a Ctrl-C: the others stop at their next evaluation, not at their end
         prob.cancelled.set()
@@ -562,6 +560,32 @@ def _sparsest_within_one_se(path, among) -> int:
     validation loss is within one standard error of the best of ``among``."""
     sub = [path[i] for i in among]
     return among[min(_within_one_se(sub), key=lambda i: (sub[i]["nnz"], -sub[i]["l1"]))]
+
+
+def adaptive_weights(theta, gamma: float) -> np.ndarray:
+    """Zou's penalty weights from w̃ = theta[:-1]: a_j = (max|w̃| / |w̃_j|)^γ on supp(w̃), 0 (held at 0) elsewhere."""
+    mag = np.abs(np.asarray(theta)[:-1])
+    a = np.zeros(mag.size)
+    on = mag > 0
+    a[on] = (mag.max() / mag[on]) ** gamma
+    return a
+
+
+def adaptive_path(prob: RefitProblem, path, thetas, theta, a, lam0: float, l2: float, gamma: float, max_iter: int,
+                  tol: float, per_decade: int, steps: int, patience: int) -> int:
+    """Appends the adaptive lasso's warm-started path to ``path``/``thetas``: λ = lam0·10^(−k/per_decade), k = 0 ..
+    steps − 1, from ``theta``, weights ``a`` (:func:`adaptive_weights`; columns with a_j = 0 held at 0), at ``l2``,
+    stopped ``patience`` points after the best validation loss; returns the index of that best entry."""
+    active, start = a > 0, len(path)
+    for k in range(steps):
+        lam = lam0 * 10.0 ** (-k / per_decade)
+        theta, res = solve(prob, theta, lam, "fit", max_iter, tol, active, a, l2)
+        path.append({**_scored(prob, theta, res, lam, lam0, 1.0), "l2": l2, "adaptive": gamma})
+        thetas.append(theta)
+        top = min(range(start, len(path)), key=lambda i: path[i]["val_loss"])
+        if len(path) - 1 - top >= patience:
+            break
+    return top
 
 
 def l1_path(prob: RefitProblem, max_iter: int, tol: float, per_decade: int = PATH_PER_DECADE,
@@ -626,23 +650,14 @@ def l1_path(prob: RefitProblem, max_iter: int, tol: float, per_decade: int = PAT
     candidates = list(range(len(path)))
     init = _sparsest_within_one_se(path, lasso)
     for gamma in adaptive:
-        active = thetas[init][:-1] != 0
-        if not active.any():
+        a = adaptive_weights(thetas[init], gamma)
+        if not a.any():
             break
-        l2 = path[init]["l2"]
-        a, mag = np.zeros(prob.support.size), np.abs(thetas[init][:-1][active])
-        a[active] = (mag.max() / mag) ** gamma
-        theta, lam0, start = thetas[init], path[init]["l1"], len(path)
-        for k in range(int(decades * per_decade) + 1):
-            lam = lam0 * 10.0 ** (-k / per_decade)
-            theta, res = solve(prob, theta, lam, "fit", max_iter, tol, active, a, l2)
-            path.append({**_scored(prob, theta, res, lam, lam0, 1.0), "l2": l2, "adaptive": gamma})
-            thetas.append(theta)
-            masks.append(active)
-            weights.append(a)
-            top = min(range(start, len(path)), key=lambda i: path[i]["val_loss"])
-            if len(path) - 1 - top >= patience:
-                break
+        start = len(path)
+        top = adaptive_path(prob, path, thetas, thetas[init], a, path[init]["l1"], path[init]["l2"], gamma,
+                            max_iter, tol, per_decade, int(decades * per_decade) + 1, patience)
+        masks += [a > 0] * (len(path) - start)
+        weights += [a] * (len(path) - start)
         if path[top]["val_loss"] + lasso_best["val_se"] < lasso_best["val_loss"]:
             candidates += range(start, len(path))
     pick = _sparsest_within_one_se(path, candidates)

@@ -180,7 +180,7 @@ def load_job(path=None, overrides: dict | None = None, train_keys=None) -> JobCo
     ref = table("refit", set(REFIT_KEYS))
     for k, v in ref.items():
         if not isinstance(v, REFIT_KEYS[k]) or (k == "l1" and isinstance(v, str) and v != "auto") \
-                or (k not in ("enabled", "relax", "adaptive") and isinstance(v, bool)):
+                or (REFIT_KEYS[k] is not bool and isinstance(v, bool)):
             raise ValueError(f"{src}: refit.{k} has the wrong type or value: {v!r}")
     cfg = JobConfig(store=str(raw["store"]), registry=str(raw["registry"]), train=tr, gate=gate,
                     generations=int(win.get("generations", 0)), keep=int(ret.get("keep", 10)), validation=val,
