@@ -366,6 +366,30 @@ def test_burst_spanning_calls_equals_one_call(cfg):
         _assert_states_equal(st, one)
 
 
+@pytest.mark.parametrize("cfg", [
+    dict(g0=0.01),
+    dict(g0=0.004, mode=2, adagrad=True, fit_bias=True),
+    dict(quantile_first_burst=True, beta=0.6, K=4),
+])
+def test_an_empty_ratio_buffer_records_nothing_and_changes_no_weight(cfg):
+    """cap_r = 0 (a gravity that does not read the ratios): the record, bias and burst counts equal those of a run
+    that records ratios (and samples them: capacity 25 < the ratios produced), and nothing is recorded."""
+    X, y = make_data(n=70, p=18, seed=11)
+    rows = np.random.default_rng(2).permutation(70)
+    ada = cfg.get("adagrad", False)
+    ref = new_state(18, ratio_capacity=25, seed=123, adagrad=ada)
+    off = new_state(18, ratio_capacity=0, seed=123, adagrad=ada)
+    for st in (ref, off):
+        assert run(X, y, rows, st, **cfg) == 70
+    assert ref["istate"][K_.I_RATIOS_SEEN] > 25  # the reference did sample
+    assert off["ratios"].shape == (0, 2) and off["istate"][K_.I_NRATIOS] == 0
+    np.testing.assert_array_equal(off["rec"], ref["rec"])
+    np.testing.assert_array_equal(off["fstate"], ref["fstate"])
+    np.testing.assert_array_equal(off["acc"], ref["acc"])
+    same = [K_.I_T, K_.I_POS, K_.I_NTOUCHED, K_.I_STAGE_BURSTS, K_.I_BURSTS]
+    np.testing.assert_array_equal(off["istate"][same], ref["istate"][same])
+
+
 def test_two_blocks_equal_one_block():
     X, y = make_data(n=50, p=10, seed=4)
     st1 = new_state(10)

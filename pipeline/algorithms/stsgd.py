@@ -277,10 +277,18 @@ class STSGD(Algorithm):
         out.update(rec=rec, touched=work["touched"], ratios=work["ratios"])
         return out
 
+    @property
+    def reads_ratios(self) -> bool:
+        """Whether the next stage's g0 comes from the (ST-9) movement ratios: gravity "adaptive" without a fixed
+        g0. Otherwise the stage's ratio buffer is empty and the kernel skips computing and sampling them (with
+        the default gravity "l1" that was ~8% of the kernel's time at webspam width, for nothing)."""
+        return self.params.gravity != "l1" and self.params.fixed_gravity is None
+
     def working_state(self, state):
-        """The stage's record (w, Ω, zero counters), ``touched`` and ratio buffer from the settled ``state`` (the
-        engine's private copy); the kernel's stage burst count and ratio fill are reset."""
-        out = self._expand(state, self.params.ratio_capacity)
+        """The stage's record (w, Ω, zero counters), ``touched`` and ratio buffer (empty unless
+        :attr:`reads_ratios`) from the settled ``state`` (the engine's private copy); the kernel's stage burst
+        count and ratio fill are reset."""
+        out = self._expand(state, self.params.ratio_capacity if self.reads_ratios else 0)
         KS.reset_stage(out["istate"])
         return out
 

@@ -38,6 +38,9 @@ array          dtype / shape                meaning
                                             are produced in a stage, the buffer becomes a uniform
                                             reservoir sample (Algorithm R, deterministic RNG in
                                             istate[I_RNG]); istate[I_RATIOS_SEEN] counts all.
+                                            cap_r = 0: no ratio is computed or recorded (for a
+                                            gravity that does not read them); the weights are the
+                                            same.
 =============  ===========================  ========================================================
 
 :func:`views` gives the column views (w, w_start, kt, cnt_evid, cnt_surv, cnt_upd) and a copy of
@@ -148,7 +151,7 @@ def new_path_state(p, ratio_capacity=1 << 16, touched_capacity=None, seed=0, ada
         "touched": np.zeros(max(cap_t, 1), dtype=np.int32),  # feature ids < 2^31 (the store's int32 indices)
         "istate": istate,
         "fstate": np.zeros(FSTATE_SIZE, dtype=np.float64),
-        "ratios": np.zeros((max(int(ratio_capacity), 1), 2), dtype=np.float64),
+        "ratios": np.zeros((max(int(ratio_capacity), 0), 2), dtype=np.float64),
         "acc": np.zeros(p if adagrad else 1, dtype=np.float64),
     }
 
@@ -298,21 +301,22 @@ def stsgd_close_burst(rec, irec, touched, istate, fstate, ratios, g0, mode, quan
         kj = irec[j, RI_KT]
         wj = rec[j, R_W]
         sj = _scale(acc, j, adagrad, delta)
-        if quantile_first_burst:
-            r = rec[j, R_WSTART]
-        else:
-            r = abs(wj - rec[j, R_WSTART]) / (kj * sj)
-        if seen < cap:
-            ratios[seen, 0] = float(j)
-            ratios[seen, 1] = r
-            seen += 1
-        else:
-            seen += 1
-            rng, u = _splitmix64(rng)
-            slot = np.int64(u * seen)
-            if slot < cap:
-                ratios[slot, 0] = float(j)
-                ratios[slot, 1] = r
+        if cap > 0:
+            if quantile_first_burst:
+                r = rec[j, R_WSTART]
+            else:
+                r = abs(wj - rec[j, R_WSTART]) / (kj * sj)
+            if seen < cap:
+                ratios[seen, 0] = float(j)
+                ratios[seen, 1] = r
+                seen += 1
+            else:
+                seen += 1
+                rng, u = _splitmix64(rng)
+                slot = np.int64(u * seen)
+                if slot < cap:
+                    ratios[slot, 0] = float(j)
+                    ratios[slot, 1] = r
         if mode == TRUNC_INFORMATIVE:
             a = g * kj
         else:
