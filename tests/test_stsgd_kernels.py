@@ -390,6 +390,20 @@ def test_an_empty_ratio_buffer_records_nothing_and_changes_no_weight(cfg):
     np.testing.assert_array_equal(off["istate"][same], ref["istate"][same])
 
 
+def test_records_start_on_cache_lines():
+    """Every 32-byte record lies inside one 64-byte cache line (NumPy's large arrays start 16 bytes past a page,
+    which split every other record in two), and the aligned allocation is a plain zeroed C array."""
+    from pipeline.kernels.intrinsics import CACHE_LINE, zeros_aligned
+
+    for p in (1, 7, 100_003, 1 << 20):
+        rec = K_.new_path_state(p, ratio_capacity=0)["rec"]
+        assert rec.ctypes.data % CACHE_LINE == 0 and rec.shape == (p, 4) and rec.flags.c_contiguous
+        assert rec.flags.writeable and not rec.any()
+    for shape, dt in (((5, 3), np.int32), ((1 << 21,), np.float64), ((3, 4), np.float64)):
+        a = zeros_aligned(shape, dt)
+        assert a.shape == shape and a.dtype == dt and a.ctypes.data % CACHE_LINE == 0 and not a.any()
+
+
 def test_two_blocks_equal_one_block():
     X, y = make_data(n=50, p=10, seed=4)
     st1 = new_state(10)

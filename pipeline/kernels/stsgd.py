@@ -83,7 +83,7 @@ import math
 import numba
 import numpy as np
 
-from .intrinsics import base, prefetch
+from .intrinsics import base, prefetch, zeros_aligned
 from .losses import dloss, loss as loss_fn
 from .sgd import PREFETCH_DISTANCE, _soft  # (C-1) S(v, a), branch-free: min/max instead of unpredictable branches
 
@@ -147,7 +147,7 @@ def new_path_state(p, ratio_capacity=1 << 16, touched_capacity=None, seed=0, ada
     istate = np.zeros(ISTATE_SIZE, dtype=np.int64)
     istate[I_RNG] = np.int64(seed & 0x7FFFFFFFFFFFFFFF)
     return {
-        "rec": np.zeros((p, 4), dtype=np.float64),
+        "rec": zeros_aligned((p, 4), np.float64),  # a record never straddles two cache lines
         "touched": np.zeros(max(cap_t, 1), dtype=np.int32),  # feature ids < 2^31 (the store's int32 indices)
         "istate": istate,
         "fstate": np.zeros(FSTATE_SIZE, dtype=np.float64),
