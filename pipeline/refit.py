@@ -186,7 +186,9 @@ def compacted(data, b: int, support, sig: str, cache_bytes: int = DEFAULT_CACHE_
     def build():
         indptr, indices, values, y = data.load(b)
         bits = _bitmap(support, sig, data.n_features)
-        ci, cj, cv = K.compact_block(indptr, indices, values, np.asarray(support, dtype=np.int64), bits)
+        support_ = np.asarray(support, dtype=np.int64)
+        ci, cj, cv = K.compact_block(indptr, indices, values, support_, bits,
+                                     np.zeros(0, K.position_dtype(support_.shape[0])))
         y = np.asarray(y, dtype=np.float64)
         if fraction <= 0:
             return ci, cj, cv, y
@@ -350,8 +352,8 @@ class RefitProblem:
         if not any(x > 0 for x in limits):
             return cache_bytes
         nnz = int(self.support_stats()[0].sum())
-        share = (nnz * (4 + self._store.data_dtype.itemsize)
-                 + 24 * self.n_rows) / len(limits)
+        per_nnz = K.position_dtype(self.support.size).itemsize + self._store.data_dtype.itemsize
+        share = (nnz * per_nnz + 24 * self.n_rows) / len(limits)
         budget = min(cache_bytes, min(x for x in limits if x > 0) - REFIT_WORKER_BASE)
         return cache_bytes if share <= budget else 0
 
