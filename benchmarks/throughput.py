@@ -251,6 +251,8 @@ def main(argv=None):
 
         a.store = default_store(workers=a.workers)[0]
     src = Path(a.src or str(Path(a.store).with_suffix(".svm")))
+    if a.work:
+        Path(a.work).mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="throughput-", dir=a.work or out_dir()))
     rows = []
     try:
