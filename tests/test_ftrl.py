@@ -86,6 +86,32 @@ def test_state_in_arrays_so_split_calls_equal_one_call():
         np.testing.assert_array_equal(a, b)
 
 
+@pytest.mark.parametrize("loss,fit_bias", [("logistic", True), ("hinge", False), ("squared", True)])
+def test_interleaved_layout_equals_two_arrays_bit_for_bit(loss, fit_bias):
+    """z and n interleaved in one array (the stage layout: z_j at 2j, n_j at 2j + 1) give the two-array kernel's
+    bits, mid-stream (from a non-zero state) too; the algorithm's stage splits them back the same."""
+    X, y = random_csr(seed=4, regression=loss == "squared")
+    rows = np.random.default_rng(3).permutation(np.tile(np.arange(X.shape[0]), 2))
+    two = run_kernel(X, y, rows[:50], 0.5, 1.0, 0.2, 0.3, loss, fit_bias)
+    zn = np.empty(2 * X.shape[1])
+    zn[0::2], zn[1::2] = two[0], two[1]
+    ist, fst = two[2].copy(), two[3].copy()
+    run_kernel(X, y, rows[50:], 0.5, 1.0, 0.2, 0.3, loss, fit_bias, state=two)
+    K.ftrl_block(X.indptr.astype(np.int64), X.indices, X.data, y, rows[50:].astype(np.int64), zn, zn, ist, fst,
+                 0.5, 1.0, 0.2, 0.3, LOSS_CODES[loss], False, fit_bias, 2, 1)
+    np.testing.assert_array_equal(zn[0::2], two[0])
+    np.testing.assert_array_equal(zn[1::2], two[1])
+    np.testing.assert_array_equal(fst, two[3])
+    assert ist[0] == two[2][0]
+    algo = make_algorithm("ftrl", {"alpha": 0.5, "l1": 0.2, "l2": 0.3, "loss": loss, "fit_bias": fit_bias})
+    st = algo.working_state({"z": two[0].copy(), "n": two[1].copy(), "istate": two[2], "fstate": two[3]})
+    assert set(st) == {"zn", "istate", "fstate"}
+    algo.end_stage(st)
+    np.testing.assert_array_equal(st["z"], two[0])
+    np.testing.assert_array_equal(st["n"], two[1])
+    assert not st["z"].flags.writeable and not st["n"].flags.writeable  # shared by the next task, not copied
+
+
 def test_exact_zeros_where_abs_z_at_most_l1_and_inverse_of_the_closed_form():
     rng = np.random.default_rng(0)
     z = rng.normal(size=2000)

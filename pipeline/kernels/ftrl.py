@@ -29,13 +29,17 @@ State layout (all mutated in place; nothing survives in locals between calls, so
     n      float64[p]   sums of squared gradients
     istate int64[1]     [t] number of rows processed (a counter; the rule itself does not use it)
     fstate float64[2]   [z_b, n_b] the bias coordinate's accumulators
+:func:`ftrl_block` also takes z and n interleaved in one array (``S`` = 2, ``O`` = 1: z_j at 2j, n_j at 2j + 1, the
+same array passed as both): a coordinate then costs one cache line instead of two (the algorithm's stage layout).
 """
 import math
 
 import numba
 import numpy as np
 
+from .intrinsics import base, prefetch
 from .losses import dloss
+from .sgd import PREFETCH_DISTANCE
 
 
 def new_ftrl_state(p):
@@ -74,7 +78,7 @@ def ftrl_z_for(w, n, z_own, alpha, beta, l1, l2):
 
 @numba.njit(cache=True, nogil=True)
 def ftrl_block(indptr, indices, data, y, rows, z, n, istate, fstate, alpha, beta, l1, l2, loss, hinge_at_one,
-               fit_bias):
+               fit_bias, S=1, O=0):
     """Advance FTRL-Proximal (Algorithm 1 of McMahan et al. 2013, see the module docstring) over the rows
     ``rows`` of one CSR block; cost O(Σ nnz(row)).
 
@@ -82,8 +86,10 @@ def ftrl_block(indptr, indices, data, y, rows, z, n, istate, fstate, alpha, beta
     ``y`` (per block row: ±1, or real for squared loss), ``rows`` (int64 block-row indices, in order); state
     ``z``, ``n`` (float64[p]), ``istate`` = [t] (int64[1]), ``fstate`` = [z_b, n_b] (float64[2]); scalars
     ``alpha`` > 0, ``beta`` >= 0, ``l1``, ``l2`` >= 0, ``loss`` (losses code), ``hinge_at_one``, ``fit_bias``.
-    Feature indices must be < len(z) and unique within a row. A scratch buffer of the longest row's length
-    (allocated once, before the row loop) keeps each row's weights between the score and the update.
+    Coordinate j's z is z[S·j] and its n is n[S·j + O] (S = 1, O = 0: two arrays; S = 2, O = 1: one interleaved
+    array passed as both). Feature indices must be < p and unique within a row. A scratch buffer of the longest
+    row's length (allocated once, before the row loop) keeps each row's weights between the score and the update.
+    The score sweep prefetches the coordinate PREFETCH_DISTANCE entries ahead (a hint: the same arithmetic).
     """
     longest = 0
     for r in range(rows.shape[0]):
@@ -95,6 +101,8 @@ def ftrl_block(indptr, indices, data, y, rows, z, n, istate, fstate, alpha, beta
     t = istate[0]
     zb = fstate[0]
     nb = fstate[1]
+    zp = base(z)
+    npt = base(n)
     for r in range(rows.shape[0]):
         i = rows[r]
         lo = indptr[i]
@@ -102,8 +110,13 @@ def ftrl_block(indptr, indices, data, y, rows, z, n, istate, fstate, alpha, beta
         t += 1
         acc = 0.0
         for k in range(lo, hi):
+            if k + PREFETCH_DISTANCE < hi:
+                jn = indices[k + PREFETCH_DISTANCE]
+                prefetch(zp, S * jn)
+                if S == 1:  # interleaved: n_j shares z_j's line
+                    prefetch(npt, jn)
             j = indices[k]
-            wj = ftrl_weight(z[j], n[j], alpha, beta, l1, l2)
+            wj = ftrl_weight(z[S * j], n[S * j + O], alpha, beta, l1, l2)
             wrow[k - lo] = wj
             acc += wj * data[k]
         b = 0.0
@@ -115,11 +128,11 @@ def ftrl_block(indptr, indices, data, y, rows, z, n, istate, fstate, alpha, beta
         for k in range(lo, hi):
             j = indices[k]
             g = d * data[k]
-            ni = n[j]
+            ni = n[S * j + O]
             nn = ni + g * g
             sigma = (math.sqrt(nn) - math.sqrt(ni)) / alpha
-            z[j] = z[j] + g - sigma * wrow[k - lo]
-            n[j] = nn
+            z[S * j] = z[S * j] + g - sigma * wrow[k - lo]
+            n[S * j + O] = nn
         if fit_bias:
             nn = nb + d * d
             sigma = (math.sqrt(nn) - math.sqrt(nb)) / alpha
