@@ -16,7 +16,7 @@ def zeros_aligned(shape, dtype, align: int = CACHE_LINE) -> np.ndarray:
 
     Large NumPy arrays start 16 bytes past a page (the allocator's header), so with 32-byte records every odd
     record straddles two cache lines: its second half is a second miss that the kernel's prefetch (of the
-    record's first byte) does not cover. STSGD's kernel at webspam width ran at ~40% of its speed that way."""
+    record's first byte) does not cover. STSGD's kernel at webspam width ran at about half its speed that way."""
     dtype = np.dtype(dtype)
     nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
     raw = np.zeros(nbytes + align, dtype=np.uint8)
