@@ -26,7 +26,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pipeline.algorithms.base import Algorithm, check_choice, check_nonnegative, check_positive, frozen
+from pipeline.algorithms.base import (Algorithm, check_choice, check_nonnegative, check_positive, frozen,
+                                     interleave)
 from pipeline.kernels import ftrl as K
 from pipeline.kernels.losses import LOSS_CODES
 
@@ -86,10 +87,7 @@ class FTRL(Algorithm):
     def working_state(self, state):
         """The stage's z and n interleaved in one array ``zn`` (z_j at 2j, n_j at 2j + 1): the kernel then touches
         one cache line per coordinate instead of two (``ftrl_block``'s ``S``, ``O``); :meth:`end_stage` splits it."""
-        z, n = state.pop("z"), state.pop("n")
-        zn = np.empty(2 * z.shape[0])
-        zn[0::2], zn[1::2] = z, n
-        state["zn"] = zn
+        state["zn"] = interleave(state.pop("z"), state.pop("n"))
         return state
 
     def advance(self, state, indptr, indices, data, y, rows, start, pass_index):

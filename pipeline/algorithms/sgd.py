@@ -22,7 +22,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pipeline.algorithms.base import Algorithm, add_packed, check_choice, dense_of, frozen, pack_nonzero
+from pipeline.algorithms.base import (Algorithm, add_packed, check_choice, dense_of, frozen, interleave,
+                                     pack_nonzero)
 from pipeline.kernels import sgd as K
 from pipeline.kernels.losses import LOSS_CODES
 
@@ -146,10 +147,7 @@ class TruncatedGradient(Algorithm):
     def working_state(self, state):
         """The stage's weights and applied gravity interleaved in one array ``wg`` (w_j at 2j, Gl_j at 2j + 1): the
         kernel then touches one cache line per coordinate instead of two (``sgd_tg_block``'s ``stride``)."""
-        w, Gl = state.pop("w"), state.pop("Gl")
-        wg = np.empty(2 * w.shape[0])
-        wg[0::2], wg[1::2] = w, Gl
-        state["wg"] = wg
+        state["wg"] = interleave(state.pop("w"), state.pop("Gl"))
         return state
 
     def _layout(self, state):
