@@ -34,7 +34,8 @@ class ThreadClient:
         self._n = 0
         self._lock = threading.Lock()
 
-    def submit(self, fn, *args, key=None, pure=None, **kwargs):
+    def submit(self, fn, *args, key=None, pure=None, priority=0, **kwargs):
+        """``fn(*args, **kwargs)`` on the pool; ``priority`` is accepted and ignored (first in, first out)."""
         fut = self.pool.submit(_call, fn, args, kwargs)
         with self._lock:
             self._n += 1

@@ -323,11 +323,14 @@ def eval_task(store: str, version: int, key: str, w, bias: float):
 class LocalExec:
     """Runs each call immediately in this process (inside one task for placement="single")."""
 
-    def submit(self, fn, *args):
+    def submit(self, fn, *args, priority: int = 0):
         return fn(*args)
 
-    def submit_pinned(self, i: int, fn, *args):
+    def submit_pinned(self, i: int, fn, *args, priority: int = 0):
         return fn(*args)
+
+    def slots(self) -> int:
+        return 1
 
     def result(self, x):
         return x
@@ -349,17 +352,20 @@ class DaskExec:
     def __init__(self, client):
         self.client = client
 
-    def submit(self, fn, *args):
-        return self.client.submit(fn, *args, pure=False)
+    def submit(self, fn, *args, priority: int = 0):
+        """``fn(*args)`` as a task; a worker runs its ready tasks of higher ``priority`` first (the thread
+        executor ignores it: first in, first out)."""
+        return self.client.submit(fn, *args, pure=False, priority=priority)
 
-    def submit_pinned(self, i: int, fn, *args):
+    def submit_pinned(self, i: int, fn, *args, priority: int = 0):
         """As :meth:`submit`, preferring worker i mod n: a task over block i then finds what that worker
         cached for block i in the previous round (the refit's compacted blocks) instead of missing on the
         other workers half of the time. Results do not depend on placement."""
         addrs = self.workers()
         if not addrs:
-            return self.submit(fn, *args)
-        return self.client.submit(fn, *args, pure=False, workers=[addrs[i % len(addrs)]], allow_other_workers=True)
+            return self.submit(fn, *args, priority=priority)
+        return self.client.submit(fn, *args, pure=False, workers=[addrs[i % len(addrs)]], allow_other_workers=True,
+                                  priority=priority)
 
     def workers(self) -> list:
         """The workers' addresses, sorted (asked once); empty for a client without workers (the thread executor)."""
@@ -425,17 +431,26 @@ def _evaluate(ex, data_holdout, decision, algo):
     return _metrics(ex, data_holdout, _submit_evaluation(ex, data_holdout, decision, algo))
 
 
+EVAL_PRIORITY = -1  # holdout metrics yield to the stage's own tasks: they never hold up the next stage's start
+
+
 def _submit_evaluation(ex, data_holdout, decision, algo):
-    """The merged holdout partial of the model ``decision`` (a future with Dask), or None without holdout."""
+    """The merged holdout partial of the model ``decision`` (a future with Dask), or None without holdout.
+
+    Block i is scored on worker i mod n with that worker's own dense weights (one ``weights`` task per worker:
+    at 16.6M features the 133 MB vector would otherwise travel, or every block would queue on one worker), at
+    :data:`EVAL_PRIORITY`, so a worker runs them when the stage-end exchange leaves it idle."""
     store, version, keys, kind = data_holdout
     if not keys:
         return None
     from pipeline.evaluate import merge_partials
 
-    wb = ex.submit(algo.weights, decision)
-    w = ex.first(wb, 0)
-    bias = ex.first(wb, 1)
-    parts = [ex.submit(eval_task, store, version, k, w, bias) for k in keys]
+    n = min(ex.slots(), len(keys)) if isinstance(ex, DaskExec) and ex.workers() else 1
+    wb = [ex.submit_pinned(m, algo.weights, decision, priority=EVAL_PRIORITY) for m in range(n)]
+    w = [ex.first(x, 0) for x in wb]
+    bias = [ex.first(x, 1) for x in wb]
+    parts = [ex.submit_pinned(i % n, eval_task, store, version, k, w[i % n], bias[i % n], priority=EVAL_PRIORITY)
+             for i, k in enumerate(keys)]
     return tree(ex, parts, merge_partials)
 
 
@@ -467,8 +482,9 @@ def run_stages(ex, algo: Algorithm, states: list, gstate: dict, data: DataRef, s
     """
     M = spec.n_paths
     history = []
-    # A stage's record waits for the next stage's tasks: its holdout metrics (about 0.1 s of one worker per pass
-    # at 16.6M features) are submitted after them and run beside the stage-end exchange, not before the stage.
+    # A stage's record waits for the next stage's tasks: its holdout metrics (0.7 s of one worker per pass at
+    # webspam scale) are submitted after them, spread over the workers at a lower priority than the stage-end
+    # exchange, and the client waits for them only once the mix is on its way to the paths.
     pending = None  # (record, the decision to evaluate or None) of the last stage, not yet reported
     decision = None
     stage = 0
@@ -486,14 +502,19 @@ def run_stages(ex, algo: Algorithm, states: list, gstate: dict, data: DataRef, s
         # between stages, two only during the advance)
         before = (states, gstate, gref, decision) if spec.max_density is not None else None
         states, total = advance_stage(ex, algo, states, data, spec)
+        asked = [ex.submit(_cursor_pass, s) for s in states]
         evaluation = _submit_evaluation(ex, holdout, pending[1], algo) if pending and pending[1] is not None else None
         out = ex.submit(decide_task, algo, total, gref, M)
         del total  # the summaries are released once decided (they would stay in memory through the next stage)
         decision = ex.first(out, 0)
         gref = ex.first(out, 1)  # the next stage reads it where it was made, not from the client
+        # the mix goes to the paths before the client waits for anything: the previous stage's holdout metrics
+        # (0.7 s of one worker at webspam scale) then no longer stand between this stage and the next
+        applied = ([ex.submit_pinned(m, apply_task, algo, s, decision) for m, s in enumerate(states)]
+                   if spec.max_density is None else None)
         gstate = ex.result(gref)
         diag = ex.result(ex.first(out, 2))
-        if pending is not None:
+        if pending is not None and applied is None:
             _report(ex, pending[0], pending[1] is not None, evaluation, holdout, history, progress)
             pending = None
         if spec.max_density is not None and diag.get("density", 0.0) > spec.max_density:
@@ -518,11 +539,13 @@ def run_stages(ex, algo: Algorithm, states: list, gstate: dict, data: DataRef, s
             if progress:
                 progress(rec)
             break
-        states = [ex.submit_pinned(m, apply_task, algo, s, decision) for m, s in enumerate(states)]
-        passes = _passes(ex, states)
+        states = applied or [ex.submit_pinned(m, apply_task, algo, s, decision) for m, s in enumerate(states)]
+        passes = [int(ex.result(a)) for a in asked]  # apply keeps the cursor
         stage += 1
         rec = {"stage": stage, "pass": min(passes), **diag, "seconds": round(time.time() - t0, 4),
                "elapsed": round(time.time() - t_start, 3)}
+        if pending is not None:
+            _report(ex, pending[0], pending[1] is not None, evaluation, holdout, history, progress)
         done = min(passes) >= spec.end_pass or algo.finished(gstate)
         pending = (rec, decision if holdout is not None and (stage % evaluate_every == 0 or done) else None)
         if algo.finished(gstate):

@@ -26,8 +26,14 @@ def store(tmp_path_factory, client):
 
 
 def same_model(a, b):
+    """Same weights, bias and holdout metrics, after every stage too (with workers each scores its share of the
+    holdout blocks with its own copy of the weights)."""
+    def stages(m):
+        return [h.get("holdout") for h in m.meta["history"]]
+
     return (np.array_equal(a.coef_indices, b.coef_indices) and np.array_equal(a.coef_values, b.coef_values)
-            and a.bias == b.bias and a.meta["holdout"] == b.meta["holdout"])
+            and a.bias == b.bias and a.meta["holdout"] == b.meta["holdout"] and stages(a) == stages(b)
+            and all(h is not None for h in stages(a)))
 
 
 def test_default_executor_is_threads_in_this_process():
