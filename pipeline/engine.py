@@ -488,13 +488,13 @@ def run_stages(ex, algo: Algorithm, states: list, gstate: dict, data: DataRef, s
     pending = None  # (record, the decision to evaluate or None) of the last stage, not yet reported
     decision = None
     stage = 0
-    t_start = time.time()
+    t_start = t_end = time.time()
     passes = _passes(ex, states)
     gref = ex.put(gstate)
     while True:
         if min(passes) >= spec.end_pass or (max_stages is not None and stage >= max_stages):
             break
-        t0 = time.time()
+        t0 = t_end  # a stage's seconds run from the previous stage's record: the waits between count too
         # path m's tasks prefer worker m mod n (submit_pinned; loose, so a lost worker's path moves on): left to
         # the scheduler, both states of a 2-path run were seen moved onto one worker (2 x 0.6 GB at webspam
         # width). The stage's inputs are kept only for the --max-density search; otherwise a path's input state is
@@ -542,8 +542,9 @@ def run_stages(ex, algo: Algorithm, states: list, gstate: dict, data: DataRef, s
         states = applied or [ex.submit_pinned(m, apply_task, algo, s, decision) for m, s in enumerate(states)]
         passes = [int(ex.result(a)) for a in asked]  # apply keeps the cursor
         stage += 1
-        rec = {"stage": stage, "pass": min(passes), **diag, "seconds": round(time.time() - t0, 4),
-               "elapsed": round(time.time() - t_start, 3)}
+        t_end = time.time()
+        rec = {"stage": stage, "pass": min(passes), **diag, "seconds": round(t_end - t0, 4),
+               "elapsed": round(t_end - t_start, 3)}
         if pending is not None:
             _report(ex, pending[0], pending[1] is not None, evaluation, holdout, history, progress)
         done = min(passes) >= spec.end_pass or algo.finished(gstate)

@@ -41,6 +41,15 @@ def test_same_weights_with_one_or_two_workers_and_any_placement(store, client, o
     assert not same_model(ref, other)
 
 
+def test_stage_seconds_account_for_the_whole_stage_loop(store, client):
+    """Each stage's ``seconds`` run from the previous stage's record, so the waits between stages (the previous
+    stage's holdout metrics) are counted: they add up to the last record's ``elapsed``."""
+    m = fit(store, "tg", TG, passes=4, paths=2, seed=7, client=client)
+    h = m.meta["history"]
+    assert len(h) == 4 and all(r.get("holdout") for r in h)
+    assert abs(sum(r["seconds"] for r in h) - h[-1]["elapsed"]) < 1e-3 * len(h)
+
+
 def test_holdout_blocks_are_never_read_by_training(store, tmp_path, client):
     import shutil
 
