@@ -227,12 +227,13 @@ def _tg_rows(indptr, indices, data, y, rows, w, Gl, n, istate, fstate, eta, sche
             j = indices[k]
             v = w[S * j]
             pend = G - Gl[S * j + O]
-            if pend != 0.0:
-                if ada:
-                    pend = pend / _rate(n, j, delta)
-                v = _t1(v, pend, th)
-                w[S * j] = v
-                Gl[S * j + O] = G
+            owe = pend
+            if ada:
+                owe = pend / _rate(n, j, delta)
+            vn = _t1(v, owe, th)
+            v = vn if pend != 0.0 else v  # a select, not a branch: whether j owes is a coin flip per entry
+            w[S * j] = v
+            Gl[S * j + O] = G
             acc += v * data[k]
         f = s * acc + b
         d = dloss(f, y[i], loss, hinge_at_one)

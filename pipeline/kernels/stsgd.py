@@ -410,12 +410,14 @@ def stsgd_block(indptr, indices, data, y, rows, start, rec, irec, touched, istat
             kj = irec[j, RI_KT]
             if kj >= 0:
                 wj = rec[j, R_W]
-                if uniform and kj == 0:
-                    owed = G - rec[j, R_WSTART]
-                    if owed != 0.0:
-                        wj = _soft(wj, owed * _scale(acc, j, adagrad, delta))
-                        rec[j, R_W] = wj
-                        rec[j, R_WSTART] = G
+                if uniform:  # catch-up, branch-free: whether j is first read in this burst is a coin flip
+                    ws = rec[j, R_WSTART]
+                    first = kj == 0
+                    owed = G - ws
+                    wn = _soft(wj, owed * _scale(acc, j, adagrad, delta))
+                    wj = wn if first and owed != 0.0 else wj
+                    rec[j, R_W] = wj
+                    rec[j, R_WSTART] = G if first else ws
                 f += wj * data[q]
         t = istate[I_T] + 1
         istate[I_T] = t
@@ -433,13 +435,15 @@ def stsgd_block(indptr, indices, data, y, rows, start, rec, irec, touched, istat
                 kj = irec[j, RI_KT]
                 if kj >= 0:
                     wj = rec[j, R_W]
-                    if kj == 0:
-                        if nt >= cap_t:
-                            istate[I_NTOUCHED] = nt
-                            raise ValueError("stsgd_block: touched buffer too small")
-                        touched[nt] = j
-                        nt += 1
-                        rec[j, R_WSTART] = wj
+                    first = kj == 0  # j's first touch in the burst, branch-free as in the sweep above
+                    if nt < cap_t:
+                        touched[nt] = j  # kept (nt advances) only on a first touch
+                    elif first:
+                        istate[I_NTOUCHED] = nt
+                        raise ValueError("stsgd_block: touched buffer too small")
+                    nt += np.int64(first)
+                    ws = rec[j, R_WSTART]
+                    rec[j, R_WSTART] = wj if first else ws
                     irec[j, RI_KT] = kj + 1
                     if adagrad == ADA_ALL:
                         gj = d * data[q]
