@@ -84,13 +84,7 @@ def debug() -> bool:
 
 def one_line(e: BaseException) -> str:
     msg = " ".join(str(e).split()) or type(e).__name__
-    return msg if isinstance(e, _message_types()) else f"{type(e).__name__}: {msg}"
-
-
-def _message_types():
-    from pipeline.store.format import StoreError
-
-    return (StoreError, *user_errors())
+    return msg if isinstance(e, user_errors()) else f"{type(e).__name__}: {msg}"
 
 
 def _is_corrupt(e) -> bool:
@@ -100,7 +94,7 @@ def _is_corrupt(e) -> bool:
 
 
 def _is_user_error(e) -> bool:
-    return isinstance(e, _message_types())
+    return isinstance(e, user_errors())
 
 
 def fail(msg: str, code: int = 1):

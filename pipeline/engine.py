@@ -329,8 +329,8 @@ class LocalExec:
     def submit_pinned(self, i: int, fn, *args, priority: int = 0):
         return fn(*args)
 
-    def slots(self) -> int:
-        return 1
+    def workers(self) -> list:
+        return []
 
     def result(self, x):
         return x
@@ -431,7 +431,7 @@ def _evaluate(ex, data_holdout, decision, algo):
     return _metrics(ex, data_holdout, _submit_evaluation(ex, data_holdout, decision, algo))
 
 
-EVAL_PRIORITY = -1  # holdout metrics yield to the stage's own tasks: they never hold up the next stage's start
+EVAL_PRIORITY = -1  # holdout metrics yield to the stage's own tasks: they fill a worker's idle time instead
 
 
 def _submit_evaluation(ex, data_holdout, decision, algo):
@@ -445,7 +445,7 @@ def _submit_evaluation(ex, data_holdout, decision, algo):
         return None
     from pipeline.evaluate import merge_partials
 
-    n = min(ex.slots(), len(keys)) if isinstance(ex, DaskExec) and ex.workers() else 1
+    n = max(1, min(len(ex.workers()), len(keys)))  # one weights copy per worker process (threads share one)
     wb = [ex.submit_pinned(m, algo.weights, decision, priority=EVAL_PRIORITY) for m in range(n)]
     w = [ex.first(x, 0) for x in wb]
     bias = [ex.first(x, 1) for x in wb]
@@ -502,7 +502,7 @@ def run_stages(ex, algo: Algorithm, states: list, gstate: dict, data: DataRef, s
         # between stages, two only during the advance)
         before = (states, gstate, gref, decision) if spec.max_density is not None else None
         states, total = advance_stage(ex, algo, states, data, spec)
-        asked = [ex.submit(_cursor_pass, s) for s in states]
+        asked = _ask_passes(ex, states)  # apply keeps the cursor: asked now, read without waiting for apply
         evaluation = _submit_evaluation(ex, holdout, pending[1], algo) if pending and pending[1] is not None else None
         out = ex.submit(decide_task, algo, total, gref, M)
         del total  # the summaries are released once decided (they would stay in memory through the next stage)
@@ -540,7 +540,7 @@ def run_stages(ex, algo: Algorithm, states: list, gstate: dict, data: DataRef, s
                 progress(rec)
             break
         states = applied or [ex.submit_pinned(m, apply_task, algo, s, decision) for m, s in enumerate(states)]
-        passes = [int(ex.result(a)) for a in asked]  # apply keeps the cursor
+        passes = _read_passes(ex, asked)
         stage += 1
         t_end = time.time()
         rec = {"stage": stage, "pass": min(passes), **diag, "seconds": round(t_end - t0, 4),
@@ -597,7 +597,14 @@ def _density_cut(ex, algo, states, gref, data, spec, M):
 
 def _passes(ex, states) -> list:
     """Each path's current pass index (its cursor lives with the state, possibly on a worker); all asked at once."""
-    asked = [ex.submit(_cursor_pass, s) for s in states]
+    return _read_passes(ex, _ask_passes(ex, states))
+
+
+def _ask_passes(ex, states) -> list:
+    return [ex.submit(_cursor_pass, s) for s in states]
+
+
+def _read_passes(ex, asked) -> list:
     return [int(ex.result(a)) for a in asked]
 
 
