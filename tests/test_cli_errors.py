@@ -61,6 +61,8 @@ def test_every_bad_input_is_one_clean_line(base, tmp_path):
     (tmp_path / "wrong.toml").write_text('passes = "five"\n')
     (tmp_path / "wrong2.toml").write_text('eta = true\n')
     (tmp_path / "bad.toml").write_text('passes = \n')
+    one = tmp_path / "one.zarr"  # a file under --block-mb: one block, no holdout
+    assert cli("ingest", svm, "--out", one).returncode == 0
     newer = tmp_path / "newer.zarr"
     shutil.copytree(st, newer)
     man = fmt.read_manifest(str(newer))
@@ -82,6 +84,7 @@ def test_every_bad_input_is_one_clean_line(base, tmp_path):
         (("evaluate", model, t / "empty.svm"), ["empty.svm", "not a store"], 1),
         (("evaluate", model, newer), ["newer.zarr", "newer"], 1),
         (("info", newer), ["newer.zarr", "newer"], 1),
+        (("evaluate", model, one), ["one.zarr", "no blocks in split 'holdout'", "--split all"], 1),
         (("predict", t / "trunc.npz", svm, "--out", t / "p.txt"), ["trunc.npz"], 1),
         (("predict", model, t / "empty.npz", "--out", t / "p2.txt"), ["empty.npz"], 1),
         (("sparsify", t / "text.npz", "--store", st, "--nnz", "5", "--out", t / "sp.npz"), ["text.npz"], 1),
