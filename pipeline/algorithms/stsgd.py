@@ -101,7 +101,7 @@ class STSGDParams:
                                     # touched: g0·K on the burst's touched coordinates only
     gravity: str = "l1"             # base gravity g0: "l1" = η·l1 per update (the L1 strength of TG) [R];
                                     # "adaptive" = the paper's rejection-rate quantile rule (ST-9/ST-10)
-    l1: float = 1e-3                # λ of gravity "l1": g0 = η_t·λ per update (η_t at the stage start for
+    l1: float = 8.5e-4              # λ of gravity "l1": g0 = η_t·λ per update (η_t at the stage start for
                                     # "sqrt"); with scale "data" in units of the rms non-zero value, so a burst
                                     # of K = 1/λ updates truncates by one typical gradient step
     scale: str = "data"             # "data": eta, l1 and K relative to the store's statistics [R]; "none": literal
