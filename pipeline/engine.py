@@ -514,7 +514,7 @@ def run_stages(ex, algo: Algorithm, states: list, gstate: dict, data: DataRef, s
                    if spec.max_density is None else None)
         gstate = ex.result(gref)
         diag = ex.result(ex.first(out, 2))
-        if pending is not None and applied is None:
+        if pending is not None:  # the previous stage's record; its metrics ran beside this stage's end
             _report(ex, pending[0], pending[1] is not None, evaluation, holdout, history, progress)
             pending = None
         if spec.max_density is not None and diag.get("density", 0.0) > spec.max_density:
@@ -545,8 +545,6 @@ def run_stages(ex, algo: Algorithm, states: list, gstate: dict, data: DataRef, s
         t_end = time.time()
         rec = {"stage": stage, "pass": min(passes), **diag, "seconds": round(t_end - t0, 4),
                "elapsed": round(t_end - t_start, 3)}
-        if pending is not None:
-            _report(ex, pending[0], pending[1] is not None, evaluation, holdout, history, progress)
         done = min(passes) >= spec.end_pass or algo.finished(gstate)
         pending = (rec, decision if holdout is not None and (stage % evaluate_every == 0 or done) else None)
         if algo.finished(gstate):

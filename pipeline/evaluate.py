@@ -96,11 +96,13 @@ def evaluate_store(model, store_path: str, split: str = "holdout", client=None, 
     st = open_store(store_path)
     entries = st.entries(split, blocks)
     if not entries:
-        hint = ""
-        if split == "holdout" and not blocks:  # a store of one block (a file under --block-mb) has no holdout
-            hint = "; evaluate on a test store with --split all, or ingest with a smaller --block-mb"
-        raise ValueError(f"{store_path}: no blocks in split {split!r}" + (" among the given ones" if blocks else "")
-                         + hint)
+        if blocks:
+            why = " among the given ones"
+        elif split == "holdout":  # a store of one block (a file under --block-mb) has no holdout
+            why = "; evaluate on a test store with --split all, or ingest with a smaller --block-mb"
+        else:
+            why = ""
+        raise ValueError(f"{store_path}: no blocks in split {split!r}{why}")
     st.expect_reads(entries)
     ex = DaskExec(client) if client is not None else LocalExec()
     w = client.scatter(model.dense_weights(), broadcast=True, hash=False) if client is not None else model.dense_weights()
