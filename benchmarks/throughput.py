@@ -179,13 +179,14 @@ def warm(store: str) -> float:
     return time.perf_counter() - t0
 
 
-def command_runs(store: str, algo: str, workers: int, work: Path, nnz: int, reps: int = 1) -> dict:
-    """``sparsepipe train`` with --passes 1 and 3 (each the fastest of ``reps`` runs, alternating, each after
+def command_runs(store: str, spec: str, workers: int, work: Path, nnz: int, reps: int = 1) -> dict:
+    """``sparsepipe train`` (``spec``: ALGO or "ALGO:EXTRA ARGS", as in benchmarks.learning) with --passes 1 and 3 (each the fastest of ``reps`` runs, alternating, each after
     :func:`warm`): wall, the engine's own copy/read/kernel split, marginal pass (and whether it is valid)."""
     from benchmarks.webspam import command
     from pipeline.model import load_model
     from pipeline.refit import refit_by_default
 
+    algo, _, extra = spec.partition(":")
     runs = {}
     for _ in range(reps):
         for passes in (1, 3):
@@ -193,7 +194,7 @@ def command_runs(store: str, algo: str, workers: int, work: Path, nnz: int, reps
             warm_s = warm(store)
             l0 = load1()
             res, fig = command(["train", store, "--out", str(out), "--algo", algo, "--passes", str(passes),
-                                "--workers", str(workers)] + ["--no-refit"] * refit_by_default(algo),
+                                "--workers", str(workers), *extra.split()] + ["--no-refit"] * refit_by_default(algo),
                                events=True)
             tim = load_model(out).meta["provenance"]["timing"]
             run = {"wall_s": fig["wall_s"], "train_s": res["seconds"], "warm_s": round(warm_s, 2),
@@ -215,12 +216,18 @@ def command_runs(store: str, algo: str, workers: int, work: Path, nnz: int, reps
     # when the marginal pass comes out shorter than 0.9x the fastest of the 3-pass run's own passes 2 and 3
     # (a slow 1-pass run: seen with 2 s of page faults in its one stage after the store had been re-read)
     valid = runs[1]["read_s"] <= runs[3]["read_s"] and not (stages and m < 0.9 * min(stages))
-    return {"what": f"sparsepipe train --algo {algo} --workers {workers}, marginal pass", "runs": runs,
+    return {"what": f"sparsepipe train --algo {label(spec)} --workers {workers}, marginal pass", "runs": runs,
             "marginal_valid": bool(valid),
             "seconds": round(m, 2), "train_seconds": round(m_train, 2), "core_s": round(m * workers, 2),
             "stage_s_passes_2_3": round(float(np.mean(stages)), 2) if stages else None,
             "per_worker_marginal": {k: round(v, 3) for k, v in per.items()},
             **per_pass(nnz, m, workers), "load1": load1()}
+
+
+def label(spec: str) -> str:
+    """"stsgd:--set path_mode=split" -> "stsgd --set path_mode=split" (how a command row is named)."""
+    algo, _, extra = spec.partition(":")
+    return " ".join([algo, *extra.split()])
 
 
 def per_pass(nnz: int, seconds: float, cores: int) -> dict:
@@ -259,7 +266,8 @@ def main(argv=None):
     ap.add_argument("--store", help="default: the learning benchmark's 35k-row store (made on first use)")
     ap.add_argument("--src", default=None, help="the store's source text (for VW; default: STORE with .svm)")
     ap.add_argument("--workers", type=int, default=2)
-    ap.add_argument("--algos", default="tg,stsgd")
+    ap.add_argument("--algos", default="tg,stsgd",
+                    help='comma list of ALGO or "ALGO:EXTRA ARGS" for train (e.g. "stsgd:--set path_mode=split")')
     ap.add_argument("--reps", type=int, default=2, help="in-process runs of the tight loop and the kernel")
     ap.add_argument("--command-reps", type=int, default=1, help="runs of each train command (the fastest counts)")
     ap.add_argument("--skip", default="", help="comma list of tight,kernel,command,vw")
@@ -281,7 +289,7 @@ def main(argv=None):
         print(f"{len(blocks)} training blocks, {nnz:,} non-zeros, {st.n_features:,} features", flush=True)
         eta = None
         if "kernel" not in skip:
-            for name in a.algos.split(","):
+            for name in dict.fromkeys(s.partition(":")[0] for s in a.algos.split(",")):
                 got, e = kernel(blocks, st, nnz, a.reps, name)
                 eta = e if name == "tg" else eta
                 rows += got
@@ -318,9 +326,9 @@ def main(argv=None):
     tl, vw = by.get("tight loop, w float64"), get("vw ")
     tlp = get("tight loop, w float64, prefetch")
     ratios = {}
-    for algo in a.algos.split(","):
-        ours = get(f"sparsepipe train --algo {algo} ")
-        row = next((r for r in rows if r["what"].startswith(f"sparsepipe train --algo {algo} ")), None)
+    for algo in map(label, a.algos.split(",")):
+        ours = get(f"sparsepipe train --algo {algo} --workers")
+        row = next((r for r in rows if r["what"].startswith(f"sparsepipe train --algo {algo} --workers")), None)
         if row and not row.get("marginal_valid", True):
             ours = None  # a cold run: the difference leaves a pass out (see command_runs)
         ratios[f"{algo} vs vw per core (target >= 3)"] = ratio(ours, vw)
@@ -329,7 +337,7 @@ def main(argv=None):
             staged = per_pass(nnz, row["stage_s_passes_2_3"], a.workers)["nnz_per_s_per_core"]
             ratios[f"{algo} (passes 2-3 as timed by the command) vs vw per core"] = ratio(staged, vw)
             ratios[f"{algo} (passes 2-3 as timed by the command) vs tight loop f64 per core"] = ratio(staged, tl)
-    for algo in a.algos.split(","):
+    for algo in dict.fromkeys(s.partition(":")[0] for s in a.algos.split(",")):
         ratios[f"{algo} kernel (block order) vs tight loop f64"] = ratio(get(f"{algo} kernel alone, block order"), tl)
         ratios[f"{algo} kernel (engine order) vs tight loop f64"] = ratio(get(f"{algo} kernel alone, engine order"),
                                                                          tl)

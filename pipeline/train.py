@@ -33,7 +33,7 @@ def fit(store_path: str, algo: str = "tg", options: dict | None = None, *, passe
     init_states = init_gstate = warm = None
     resumed = False
     if init_model is not None:
-        same = (init_model.algorithm == algo and init_model.meta.get("hyper") == _jsonable(algorithm.hyper())
+        same = (init_model.algorithm == algo and _same_hyper(init_model.meta.get("hyper"), algorithm)
                 and init_model.states is not None and len(init_model.states) == paths
                 and init_model.meta.get("seed") == seed
                 and init_model.meta.get("shuffle_window", 4) == shuffle_window)
@@ -80,6 +80,19 @@ def refit_model(model: Model, st, client=None, blocks=None, evaluate: bool = Tru
                                            if k not in ("split", "store", "blocks", "nnz", "density", "n_features")})
     model.meta["refit"] = _jsonable(model.meta["refit"])
     return model
+
+
+def _same_hyper(saved: dict | None, algorithm) -> bool:
+    """A saved model's hyper-parameters are the algorithm's. A parameter the model lacks (added since it was
+    saved) counts as the same when the algorithm runs it at its default, so such a model still resumes."""
+    import dataclasses
+
+    cur = _jsonable(algorithm.hyper())
+    if not isinstance(saved, dict) or not set(saved) <= set(cur):
+        return False
+    default = _jsonable({f.name: f.default for f in dataclasses.fields(algorithm.params)
+                         if f.default is not dataclasses.MISSING})
+    return all(saved[k] == v if k in saved else k in default and default[k] == v for k, v in cur.items())
 
 
 def _jsonable(x):

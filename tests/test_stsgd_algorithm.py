@@ -19,6 +19,8 @@ OPTS = {"eta": 0.05, "K": 4, "n_K": 8, "tol": 0.0, "gamma": -1.0, "pi0": 0.6, "b
 # the defaults' rules at scale (uniform lazy truncation, L1 gravity, AdaGrad steps)
 SCALE = {"eta": 0.05, "K": 4, "tol": 0.0, "pi0": 0.6, "truncation": "uniform", "gravity": "l1", "l1": 1e-3,
          "adagrad": True, "adagrad_delta": 0.01}
+# the same with paths splitting each pass's blocks (path_mode "split")
+SPLIT = {**SCALE, "n_K": 0, "path_mode": "split"}
 
 
 @pytest.fixture(scope="module")
@@ -53,7 +55,7 @@ def test_purged_features_stay_zero_and_stable_set_is_monotone(store):
     assert np.all(more.dense_weights()[dead] == 0.0) and not STSGD.views(more.states[0])["alive"][dead].any()
 
 
-@pytest.mark.parametrize("opts", [OPTS, SCALE], ids=["paper", "scale"])
+@pytest.mark.parametrize("opts", [OPTS, SCALE, SPLIT], ids=["paper", "scale", "split"])
 def test_same_model_with_one_or_two_workers(opts, store, client, one_worker_client):
     ref = fit(store, "stsgd", opts, passes=2, paths=2, seed=5, client=client)
     m1 = fit(store, "stsgd", opts, passes=2, paths=2, seed=5, client=one_worker_client)
@@ -63,7 +65,7 @@ def test_same_model_with_one_or_two_workers(opts, store, client, one_worker_clie
 
 
 @pytest.mark.parametrize("extra", [{}, {"alpha": 0.5, "delta_K": 2.0, "stage_blocks": 1},
-                                   {**SCALE, "n_K": 0, "stage_blocks": 2}])
+                                   {**SCALE, "n_K": 0, "stage_blocks": 2}, SPLIT])
 def test_two_passes_saved_and_resumed_for_three_equals_five(extra, store, tmp_path, client):
     extra = dict(extra)
     sb = extra.pop("stage_blocks", 0)
@@ -82,6 +84,38 @@ def test_two_passes_saved_and_resumed_for_three_equals_five(extra, store, tmp_pa
         assert np.array_equal(full.states[1][k], resumed.states[1][k]), k
     for k in ("beta", "g0", "K", "n_alive", "carry_idx"):
         assert np.array_equal(np.asarray(full.gstate[k]), np.asarray(resumed.gstate[k]))
+
+
+def test_split_paths_read_each_pass_once_and_full_paths_each_read_it_all(store):
+    """path_mode "split": a pass costs one read of the training non-zeros whatever the number of paths;
+    "full" (the paper's): every path reads all of them. Both purge the same way (Ω shared by all paths)."""
+    from pipeline.store.reader import open_store
+
+    train_nnz = sum(int(e["nnz"]) for e in open_store(store).entries("train"))
+    done = {}
+    for mode in ("split", "full"):
+        m = fit(store, "stsgd", {**SPLIT, "path_mode": mode, "l1": 0.05}, passes=2, paths=3, seed=2, client=None)
+        done[mode] = m.meta["provenance"]["timing"]["nnz_processed"]
+        alive = [STSGD.views(s)["alive"] for s in m.states]
+        assert all(np.array_equal(a, alive[0]) for a in alive) and not alive[0].all() and m.nnz > 0
+    assert done == {"split": 2 * train_nnz, "full": 3 * 2 * train_nnz}
+    with pytest.raises(ValueError, match="path_mode must be one of full, split, got 'halves'"):
+        fit(store, "stsgd", {**SPLIT, "path_mode": "halves"}, passes=1, paths=2, client=None)
+
+
+def test_a_model_saved_before_a_parameter_existed_resumes_at_its_default(store, tmp_path):
+    """A saved model without ``path_mode`` in its hyper-parameters (saved before the option existed) resumes
+    exactly when the run uses the default; with another value it only warm-starts."""
+    full = fit(store, "stsgd", SCALE, passes=3, paths=2, seed=3, client=None)
+    part = fit(store, "stsgd", SCALE, passes=1, paths=2, seed=3, client=None)
+    del part.meta["hyper"]["path_mode"]
+    part.save(tmp_path / "old.npz")
+    old = load_model(tmp_path / "old.npz")
+    assert "path_mode" not in old.meta["hyper"]
+    resumed = fit(store, "stsgd", SCALE, passes=2, paths=2, seed=3, client=None, init_model=old)
+    assert resumed.meta["provenance"]["resumed"] and same(full, resumed)
+    warm = fit(store, "stsgd", SPLIT, passes=2, paths=2, seed=3, client=None, init_model=old)
+    assert not warm.meta["provenance"]["resumed"]
 
 
 @pytest.mark.parametrize("off", [{"pi0": 0.0, "beta0": 0.0}, {"stability": False, "fixed_gravity": None,

@@ -1,6 +1,8 @@
 """Stabilized Truncated SGD (STSGD, ALGORITHMS.md §2) on the engine: M full paths, sparse stage-end exchange.
 
-Every path reads every training block in its own seeded order (``path_mode = "full"``) and runs the
+Every path reads every training block in its own seeded order (``path_mode = "full"``, the paper's design;
+``"split"`` [R]: paths split each pass's blocks as TG's do, a stage is then at most one pass over the path's
+share, and the stage-end selection pools the paths' fits on disjoint halves, thirds, ... of the pass) and runs the
 burst kernel ``pipeline.kernels.stsgd.stsgd_block`` (ST-1..ST-5, the ST-9 movement ratios). At each stage
 end the engine calls, per path, :meth:`STSGD.summarize` (touched features' counters c, b, κ, the
 stage's ratio buffer and the path's non-zero weights — all sparse), combines them pairwise in its fixed
@@ -117,6 +119,10 @@ class STSGDParams:
     ratio_capacity: int = 65536     # per-path ratio buffer (uniform reservoir beyond it)
     d_base: str = "seen"            # d_s = |Ω_s| / (features seen so far) [R, as the R code drops empty
                                     # columns] | "p" = |Ω_s| / p (all declared columns)
+    path_mode: str = "full"         # "full": every path reads every training block in its own order (the
+                                    # paper's multi-path design); "split": paths split each pass's blocks, so
+                                    # a pass costs one read of the data whatever the number of paths, and the
+                                    # stage's selection pools fits on disjoint subsamples [R] (docs/results.md)
     ratio_pool: str = "stage"       # ST-9 pool: "stage" = every feature alive during the stage (Ω_{s-1}) [R];
                                     # "stable" = only the survivors Ω_s (literal reading of eq. 11)
 
@@ -156,6 +162,7 @@ class STSGDParams:
         check_choice("truncation", self.truncation, TRUNCATIONS)
         check_choice("gravity", self.gravity, ("l1", "adaptive"))
         check_choice("scale", self.scale, ("data", "none"))
+        check_choice("path_mode", self.path_mode, ("full", "split"))
         check_nonnegative("l1", self.l1)
         check_positive("adagrad_delta", self.adagrad_delta)
         if self.ratio not in RATIOS:
@@ -182,6 +189,7 @@ class STSGD(Algorithm):
     def __init__(self, params):
         super().__init__(params)
         self.eta, self.l1, self.K = params.eta, params.l1, params.K  # resolved by calibrate (scale "data")
+        self.path_mode = params.path_mode
 
     def calibrate(self, scale):
         """Scale "data": η = eta / E‖x‖², λ = l1·rms(x_ij), K = min(K, rows // 20) (at least 1)."""
