@@ -33,6 +33,22 @@ def report(name: str, result: dict, table: list[dict] | None = None, columns: li
         print(md)
 
 
+def algo_spec(spec: str) -> tuple[str, list[str]]:
+    """ALGO or "ALGO:EXTRA ARGS" (extra ``train`` arguments) -> (algo, [args...])."""
+    algo, _, extra = spec.partition(":")
+    return algo, extra.split()
+
+
+def algo_specs(text: str) -> list[tuple[str, list[str]]]:
+    """A comma list of :func:`algo_spec` strings."""
+    return [algo_spec(s) for s in text.split(",") if s]
+
+
+def spec_name(algo: str, extra: list[str]) -> str:
+    """How a run of ``algo`` with extra arguments is named in tables: "stsgd --set path_mode=split"."""
+    return " ".join([algo, *extra])
+
+
 def _fmt(v):
     if isinstance(v, float):
         return f"{v:.4g}"

@@ -69,7 +69,7 @@ STSGD_K = (100, 1000)
 FTRL_L1 = (0.1, 0.3, 1.0, 3.0)
 LL_C = (0.1, 0.3, 1.0, 3.0, 10.0, 30.0)
 PASSES, PATHS, SEED = 3, 1, 0
-TRAIN_SEED = [SEED]  # the training order's seed (--train-seed); the stores, holdouts and LIBLINEAR use SEED
+TRAIN_SEED = SEED  # the training order's seed (--train-seed); the stores, holdouts and LIBLINEAR use SEED
 BLOCKS, HOLDOUT = 16, 0.2
 
 
@@ -146,9 +146,8 @@ def run_fit(where: dict, algo: str, opts: dict, refit: dict | None = None) -> di
     if key in _CACHE:
         return {**_CACHE[key], "options": dict(opts)}
     c0, t0 = time.process_time(), time.perf_counter()
-    m = fit(where["train"], algo, dict(opts), passes=PASSES, paths=PATHS, seed=TRAIN_SEED[0], client=None,
-            evaluate=False,
-            refit=refit)
+    m = fit(where["train"], algo, dict(opts), passes=PASSES, paths=PATHS, seed=TRAIN_SEED, client=None,
+            evaluate=False, refit=refit)
     r = evaluate_store(m, where["eval_store"], where["split"])
     res = {"algo": algo, "options": dict(opts), "error": r["error"], "auc": r["auc"], "logloss": r["logloss"],
            "density": m.density, "nnz": m.nnz, "resolved": m.meta["hyper"].get("resolved"),
@@ -332,7 +331,8 @@ def main(argv=None):
     ap.add_argument("--train-seed", type=int, default=SEED,
                     help="seed of our algorithms' block and row orders only (same stores, holdouts, LIBLINEAR)")
     a = ap.parse_args(argv)
-    TRAIN_SEED[0] = a.train_seed
+    global TRAIN_SEED
+    TRAIN_SEED = a.train_seed
     names = [s for s in a.sets.split(",") if s]
     losses = [s for s in a.losses.split(",") if s]
     c0, t0 = time.process_time(), time.perf_counter()

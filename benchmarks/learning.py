@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.common import l1_logistic, out_dir, report, synth_file
+from benchmarks.common import algo_specs, l1_logistic, out_dir, report, spec_name, synth_file
 from benchmarks.diagnose import load_truth, support_scores
 
 
@@ -51,7 +51,7 @@ def sparsepipe_cmd(args: list[str]) -> tuple[dict, float]:
 def ours(store: str, algo: str, extra: list[str], passes: int, workers: int, Xho, yho, tidx, work: Path) -> dict:
     from pipeline.model import load_model
 
-    name = algo + ("" if not extra else " " + " ".join(extra))
+    name = spec_name(algo, extra)
     out = work / (name.replace(" ", "_").replace("=", "-").replace("/", "_") + ".npz")
     summary, wall = sparsepipe_cmd(["train", store, "--out", str(out), "--algo", algo, "--passes", str(passes),
                                     "--workers", str(workers), *extra])
@@ -102,9 +102,8 @@ def main(argv=None):
     tidx, _ = load_truth(truth)
     Xho, yho = _matrix(store, "holdout")
     rows = []
-    for spec in [s for s in a.algos.split(",") if s]:
-        algo, _, extra = spec.partition(":")
-        rows.append(ours(store, algo, extra.split(), a.passes, a.workers, Xho, yho, tidx, work))
+    for algo, extra in algo_specs(a.algos):
+        rows.append(ours(store, algo, extra, a.passes, a.workers, Xho, yho, tidx, work))
         print(json.dumps(rows[-1]), flush=True)
     if a.C:
         Xtr, ytr = _matrix(store, "train")

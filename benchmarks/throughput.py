@@ -44,7 +44,7 @@ from pathlib import Path
 import numba
 import numpy as np
 
-from benchmarks.common import out_dir, report
+from benchmarks.common import algo_specs, out_dir, report, spec_name
 from pipeline.kernels.intrinsics import base, prefetch
 from pipeline.kernels.losses import LOGISTIC, dloss
 from pipeline.kernels.sgd import PREFETCH_DISTANCE, row_dot
@@ -179,14 +179,13 @@ def warm(store: str) -> float:
     return time.perf_counter() - t0
 
 
-def command_runs(store: str, spec: str, workers: int, work: Path, nnz: int, reps: int = 1) -> dict:
-    """``sparsepipe train`` (``spec``: ALGO or "ALGO:EXTRA ARGS", as in benchmarks.learning) with --passes 1 and 3 (each the fastest of ``reps`` runs, alternating, each after
-    :func:`warm`): wall, the engine's own copy/read/kernel split, marginal pass (and whether it is valid)."""
+def command_runs(store: str, algo: str, extra: list[str], workers: int, work: Path, nnz: int, reps: int = 1) -> dict:
+    """``sparsepipe train --algo ALGO EXTRA...`` with --passes 1 and 3 (each the fastest of ``reps`` runs, alternating,
+    each after :func:`warm`): wall, the engine's own copy/read/kernel split, marginal pass (and whether it is valid)."""
     from benchmarks.webspam import command
     from pipeline.model import load_model
     from pipeline.refit import refit_by_default
 
-    algo, _, extra = spec.partition(":")
     runs = {}
     for _ in range(reps):
         for passes in (1, 3):
@@ -194,7 +193,7 @@ def command_runs(store: str, spec: str, workers: int, work: Path, nnz: int, reps
             warm_s = warm(store)
             l0 = load1()
             res, fig = command(["train", store, "--out", str(out), "--algo", algo, "--passes", str(passes),
-                                "--workers", str(workers), *extra.split()] + ["--no-refit"] * refit_by_default(algo),
+                                "--workers", str(workers), *extra] + ["--no-refit"] * refit_by_default(algo),
                                events=True)
             tim = load_model(out).meta["provenance"]["timing"]
             run = {"wall_s": fig["wall_s"], "train_s": res["seconds"], "warm_s": round(warm_s, 2),
@@ -216,18 +215,12 @@ def command_runs(store: str, spec: str, workers: int, work: Path, nnz: int, reps
     # when the marginal pass comes out shorter than 0.9x the fastest of the 3-pass run's own passes 2 and 3
     # (a slow 1-pass run: seen with 2 s of page faults in its one stage after the store had been re-read)
     valid = runs[1]["read_s"] <= runs[3]["read_s"] and not (stages and m < 0.9 * min(stages))
-    return {"what": f"sparsepipe train --algo {label(spec)} --workers {workers}, marginal pass", "runs": runs,
-            "marginal_valid": bool(valid),
+    return {"what": f"sparsepipe train --algo {spec_name(algo, extra)} --workers {workers}, marginal pass",
+            "runs": runs, "marginal_valid": bool(valid),
             "seconds": round(m, 2), "train_seconds": round(m_train, 2), "core_s": round(m * workers, 2),
             "stage_s_passes_2_3": round(float(np.mean(stages)), 2) if stages else None,
             "per_worker_marginal": {k: round(v, 3) for k, v in per.items()},
             **per_pass(nnz, m, workers), "load1": load1()}
-
-
-def label(spec: str) -> str:
-    """"stsgd:--set path_mode=split" -> "stsgd --set path_mode=split" (how a command row is named)."""
-    algo, _, extra = spec.partition(":")
-    return " ".join([algo, *extra.split()])
 
 
 def per_pass(nnz: int, seconds: float, cores: int) -> dict:
@@ -275,6 +268,8 @@ def main(argv=None):
     ap.add_argument("--work", type=Path, default=None)
     a = ap.parse_args(argv)
     skip = set(a.skip.split(",")) - {""}
+    specs = algo_specs(a.algos)
+    algos = list(dict.fromkeys(algo for algo, _ in specs))  # the kernels: extra train arguments do not change them
     if not a.store:
         from benchmarks.learning import default_store
 
@@ -289,7 +284,7 @@ def main(argv=None):
         print(f"{len(blocks)} training blocks, {nnz:,} non-zeros, {st.n_features:,} features", flush=True)
         eta = None
         if "kernel" not in skip:
-            for name in dict.fromkeys(s.partition(":")[0] for s in a.algos.split(",")):
+            for name in algos:
                 got, e = kernel(blocks, st, nnz, a.reps, name)
                 eta = e if name == "tg" else eta
                 rows += got
@@ -307,8 +302,8 @@ def main(argv=None):
             print(got, flush=True)
         del blocks
         if "command" not in skip:
-            for algo in a.algos.split(","):
-                rows.append(command_runs(a.store, algo, a.workers, work, nnz, a.command_reps))
+            for algo, extra in specs:
+                rows.append(command_runs(a.store, algo, extra, a.workers, work, nnz, a.command_reps))
                 print(rows[-1], flush=True)
         if "vw" not in skip:
             rows.append(vw_runs(st, src, work, a.vw_l1, nnz))
@@ -326,7 +321,7 @@ def main(argv=None):
     tl, vw = by.get("tight loop, w float64"), get("vw ")
     tlp = get("tight loop, w float64, prefetch")
     ratios = {}
-    for algo in map(label, a.algos.split(",")):
+    for algo in (spec_name(*s) for s in specs):
         ours = get(f"sparsepipe train --algo {algo} --workers")
         row = next((r for r in rows if r["what"].startswith(f"sparsepipe train --algo {algo} --workers")), None)
         if row and not row.get("marginal_valid", True):
@@ -337,7 +332,7 @@ def main(argv=None):
             staged = per_pass(nnz, row["stage_s_passes_2_3"], a.workers)["nnz_per_s_per_core"]
             ratios[f"{algo} (passes 2-3 as timed by the command) vs vw per core"] = ratio(staged, vw)
             ratios[f"{algo} (passes 2-3 as timed by the command) vs tight loop f64 per core"] = ratio(staged, tl)
-    for algo in dict.fromkeys(s.partition(":")[0] for s in a.algos.split(",")):
+    for algo in algos:
         ratios[f"{algo} kernel (block order) vs tight loop f64"] = ratio(get(f"{algo} kernel alone, block order"), tl)
         ratios[f"{algo} kernel (engine order) vs tight loop f64"] = ratio(get(f"{algo} kernel alone, engine order"),
                                                                          tl)

@@ -31,7 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.common import out_dir, report
+from benchmarks.common import algo_spec, algo_specs, out_dir, report, spec_name
 from benchmarks.diagnose import load_truth, support_scores
 from benchmarks.memory import ProcessSampler
 
@@ -221,10 +221,8 @@ def main(argv=None):
         tidx, _ = load_truth(truth)
         st = open_store(str(store))
         models.append(truth_floor(str(store), truth))
-        runs = [(x, []) for x in a.algos.split(",") if x] + [(e.split(":", 1)[0], e.split(":", 1)[1].split())
-                                                           for e in a.extra]
-        for algo, extra in runs:
-            name = algo + (" " + " ".join(extra) if extra else "")
+        for algo, extra in algo_specs(a.algos) + [algo_spec(e) for e in a.extra]:
+            name = spec_name(algo, extra)
             out = work / f"{name.replace(' ', '_').replace('-', '')}.npz"
             res, fig = command(["train", str(store), "--out", str(out), "--algo", algo, "--passes", str(a.passes),
                                 *W, *extra])

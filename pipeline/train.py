@@ -90,9 +90,8 @@ def _same_hyper(saved: dict | None, algorithm) -> bool:
     cur = _jsonable(algorithm.hyper())
     if not isinstance(saved, dict) or not set(saved) <= set(cur):
         return False
-    default = _jsonable({f.name: f.default for f in dataclasses.fields(algorithm.params)
-                         if f.default is not dataclasses.MISSING})
-    return all(saved[k] == v if k in saved else k in default and default[k] == v for k, v in cur.items())
+    old = {**_jsonable(dataclasses.asdict(type(algorithm.params)())), **saved}  # the defaults, then what was saved
+    return {k: old[k] for k in cur if k in old} == cur
 
 
 def _jsonable(x):
