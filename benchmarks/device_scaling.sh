@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Weak scaling of `train --algo stsgd` on the 16-core device machine (issue 13 §4), in one call of the device
+# tool. That machine has no package registry; its image's python3 (3.12) has numpy, scipy, numba, rich, psutil,
+# ... but not dask, distributed, zarr, sparse and their needs, so they travel as wheels:
+#
+#   make device-wheels                                        # here: those wheels, into .whl/ (16 MB)
+#   device run, carry [".whl"]: bash benchmarks/device_scaling.sh [ROWS] ["WORKERS ..."]
+#
+# It installs the wheels and this project (no index, no deps) into that python3, then runs benchmarks.webspam
+# with $(nproc) workers for synth and ingest: synth -> ingest -> verify -> `train --algo stsgd --no-refit` with
+# `--workers N` (N paths) for each N of WORKERS (default "1 16 32"), each model scored on the holdout against
+# the true weights. The target: N = 16 within 1.3x the train wall of N = 1. Each train is the learner alone
+# (`--no-refit`): the refit's model is the one `--paths N --workers 2` gives here, measured in docs/results.md.
+# Results (webspam.json, webspam.md) go to $OUT (bench-out/ without it); the data (24 GB of text and its store,
+# under .scaling-work/ on the machine's 64 GB disk) is deleted at the end. Estimated from this 2-core machine's
+# figures, 350,000 rows with "1 16 32" take ~8 minutes there, close to one call's 10: if a first call runs out,
+# run "1 16" and then "32" (each call starts a bare machine and makes its own data).
+set -euo pipefail
+rows=${1:-350000}
+workers=${2:-"1 16 32"}
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade .whl/*.whl
+python3 -m pip install -q --no-index --no-deps --no-build-isolation -e .
+export SPARSEPIPE_BENCH_OUT="${OUT:-bench-out}" PYTHONUNBUFFERED=1
+# numba compiles the kernels into its cache on first use: do that on a tiny store first, so no timed run pays it
+warm=$(mktemp -d)
+sparsepipe synth "$warm/w.svm" --rows 300 --seed 1 >/dev/null
+sparsepipe ingest "$warm/w.svm" --out "$warm/w.zarr" >/dev/null
+sparsepipe train "$warm/w.zarr" --algo stsgd --passes 1 --no-refit --out "$warm/m.npz" >/dev/null
+rm -rf "$warm"
+extra=()
+for n in $workers; do extra+=(--extra "stsgd:--no-refit --workers $n"); done
+python3 -m benchmarks.webspam --rows "$rows" --workers "$(nproc)" --algos "" --vw-l1 "${extra[@]}" \
+    --work "$PWD/.scaling-work"
+python3 - "$SPARSEPIPE_BENCH_OUT/webspam.json" <<'PY'
+import json, sys
+runs = [m for m in json.load(open(sys.argv[1]))["models"] if m["model"].startswith("stsgd")]
+for m in runs:
+    print(f"{m['model']}: train {m['train_wall_s']} s = {m['train_wall_s'] / runs[0]['train_wall_s']:.2f}x the first, "
+          f"holdout error {m['error']:.4f}, recall {m['recall']:.3f}")
+PY
