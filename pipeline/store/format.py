@@ -32,9 +32,9 @@ ATTR = "sparsepipe"
 # writer's encoder and its zarr.json entry. zarr itself is imported only where it is used (the direct
 # reader and writer cover the store's own arrays): importing it costs a short command ~0.3 s.
 def _compressors() -> tuple:
-    from zarr.codecs import BloscCodec, BloscShuffle
+    from zarr.codecs import BloscCodec
 
-    return (BloscCodec(cname=codec.CNAME, clevel=codec.CLEVEL, shuffle=BloscShuffle.shuffle),)
+    return (BloscCodec(cname=codec.CNAME, clevel=codec.CLEVEL, shuffle="shuffle"),)  # the enum is deprecated
 
 
 def __getattr__(name):
