@@ -82,8 +82,14 @@ def train(
     try:
         from pipeline.store.reader import open_store
 
-        n_train = len(open_store(str(store)).entries("train"))
+        st = open_store(str(store))
+        n_train = len(st.entries("train"))
         n_paths = run.get("paths") or max(1, min(n_workers, n_train))
+        if run.get("workers") and not run.get("scheduler"):  # refuse what cannot fit before starting the workers
+            from pipeline.algorithms import make_algorithm
+            from pipeline.memory import check_local
+
+            check_local(make_algorithm(name, dict(opts)), st.n_features, n_paths, run["workers"])
         init = load_model(init_model) if init_model else None
         if init is not None:
             init.meta["path"] = str(init_model)

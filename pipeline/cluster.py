@@ -124,9 +124,18 @@ def dask_client(workers: int | None = None, scheduler: str | None = None, client
     env = {**worker_environ(), "DASK_LOGGING__DISTRIBUTED": logging.getLevelName(worker_log_level()).lower()}
     with dask.config.set({"distributed.nanny.pre-spawn-environ": env}), \
             LocalCluster(n_workers=n, threads_per_worker=1, processes=True, host="127.0.0.1",
-                         dashboard_address="127.0.0.1:0", silence_logs=worker_log_level()) as cluster, \
+                         dashboard_address="127.0.0.1:0", silence_logs=worker_log_level(),
+                         memory_limit=local_memory_limit(n)) as cluster, \
             Client(cluster) as c:
         yield c
+
+
+def local_memory_limit(workers: int) -> int:
+    """The memory_limit of each of ``workers`` embedded worker processes: this machine's memory (or its cgroup's
+    limit) divided among them, as Dask's "auto" gives a LocalCluster's workers."""
+    from distributed.system import MEMORY_LIMIT
+
+    return int(MEMORY_LIMIT // max(1, int(workers)))
 
 
 def worker_environ() -> dict:

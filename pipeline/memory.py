@@ -119,10 +119,23 @@ def check_fits(client, algo, n_features: int, paths: int, cache_bytes: int) -> i
     limits = [x for x in worker_limits(client) if x > 0]
     if not limits:
         return cache_bytes
-    n_workers = len(worker_limits(client))
-    per = math.ceil(paths / max(1, n_workers))
-    need = worker_need(algo, n_features, per)
-    limit = min(limits)
+    need = refuse(algo, n_features, paths, len(worker_limits(client)), min(limits), "the workers'")
+    return cache_bytes if need["total"] + cache_bytes <= min(limits) else 0
+
+
+def refuse(algo, n_features: int, paths: int, n_workers: int, limit: int, cause: str) -> dict:
+    """Raise :class:`WorkerMemoryError` when a worker's share of ``paths`` does not fit in ``limit`` bytes; return
+    the need (:func:`worker_need`) otherwise."""
+    need = worker_need(algo, n_features, math.ceil(paths / max(1, n_workers)))
     if need["total"] > limit:
-        raise WorkerMemoryError(message(algo, n_features, need, limit, n_workers, "the workers'"))
-    return cache_bytes if need["total"] + cache_bytes <= limit else 0
+        raise WorkerMemoryError(message(algo, n_features, need, limit, n_workers, cause))
+    return need
+
+
+def check_local(algo, n_features: int, paths: int, workers: int) -> None:
+    """Before an embedded cluster of ``workers`` processes starts (``--workers N``): their memory_limit is known
+    (:func:`pipeline.cluster.local_memory_limit`), so training that cannot fit is refused at once, not after N
+    processes have started."""
+    from pipeline.cluster import local_memory_limit
+
+    refuse(algo, n_features, paths, workers, local_memory_limit(workers), f"with --workers {workers} each worker's")

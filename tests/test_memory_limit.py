@@ -84,6 +84,25 @@ def test_cli_reports_one_line_and_exit_1(tmp_path, small_limit_cluster):
     assert not (tmp_path / "m.npz").exists()
 
 
+def test_embedded_workers_that_cannot_fit_are_refused_before_they_start(tmp_path):
+    """`train --workers N` knows each worker's memory_limit (the machine's memory / N) before it starts them: with N
+    so large that a share is below an idle worker's baseline, training is refused at once with the advice, and no
+    cluster of N processes is started (its check would name "the workers'" limit, and the model is not written)."""
+    from distributed.system import MEMORY_LIMIT
+
+    from cli.main import app
+    from pipeline.cluster import local_memory_limit
+
+    n = int(MEMORY_LIMIT // PROCESS_BASELINE) + 1
+    assert local_memory_limit(n) < PROCESS_BASELINE
+    store = _store(tmp_path, "narrow", 60)
+    r = CliRunner().invoke(app, ["train", store, "--out", str(tmp_path / "m.npz"), "--algo", "stsgd",
+                                 "--workers", str(n)])
+    assert r.exit_code == 1, r.output
+    assert f"with --workers {n} each worker's memory_limit is" in r.output and "use fewer --workers" in r.output
+    assert "Traceback" not in r.output and not (tmp_path / "m.npz").exists()
+
+
 def test_refit_cache_follows_the_workers_memory_limit(small_limit_cluster, tmp_path):
     """The refit keeps compacted blocks per worker only when a worker's share fits under its memory_limit; under
     a 350 MB limit it keeps none, re-reads the blocks every evaluation, and gives the same model bit for bit."""
