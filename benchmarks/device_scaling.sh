@@ -20,6 +20,9 @@ rows=${1:-350000}
 workers=${2:-"1 16 32"}
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade .whl/*.whl
 python3 -m pip install -q --no-index --no-deps --no-build-isolation -e .
+python3 -c "import sys, numpy, scipy, numba, dask, zarr; print('python', sys.version.split()[0], 'numpy', numpy.__version__,
+      'scipy', scipy.__version__, 'numba', numba.__version__, 'dask', dask.__version__, 'zarr', zarr.__version__)"
+echo "cores $(nproc), $(free -g | awk '/Mem:/ {print $2}') GB memory, $(df -h . | awk 'NR==2 {print $4}') free here"
 export SPARSEPIPE_BENCH_OUT="${OUT:-bench-out}" PYTHONUNBUFFERED=1
 # numba compiles the kernels into its cache on first use: do that on a tiny store first, so no timed run pays it
 warm=$(mktemp -d)
