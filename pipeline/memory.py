@@ -116,11 +116,12 @@ def check_fits(client, algo, n_features: int, paths: int, cache_bytes: int) -> i
     """Raise :class:`WorkerMemoryError` when the state alone exceeds the smallest worker memory_limit; return the
     block cache budget that fits beside it (``cache_bytes``, or 0 when the cache would not fit: it is optional).
     Without a limit (or a Dask cluster) ``cache_bytes`` is returned unchanged."""
-    limits = [x for x in worker_limits(client) if x > 0]
-    if not limits:
+    every = worker_limits(client)
+    limit = min((x for x in every if x > 0), default=0)
+    if not limit:
         return cache_bytes
-    need = refuse(algo, n_features, paths, len(worker_limits(client)), min(limits), "the workers'")
-    return cache_bytes if need["total"] + cache_bytes <= min(limits) else 0
+    need = refuse(algo, n_features, paths, len(every), limit, "the workers'")
+    return cache_bytes if need["total"] + cache_bytes <= limit else 0
 
 
 def refuse(algo, n_features: int, paths: int, n_workers: int, limit: int, cause: str) -> dict:
