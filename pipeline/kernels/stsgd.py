@@ -15,8 +15,10 @@ array          dtype / shape                meaning
 =============  ===========================  ========================================================
 ``rec``        float64[p, 4]                per-feature record; float64 columns R_W = 0 (w^(m)_j) and
                                             R_WSTART = 1 (w_j at the first touch of j in the open
-                                            burst; stale outside it; in quantile mode the burst's
-                                            ratio r_j); columns 2-3 hold four int32 read through
+                                            burst, written only when ratios are recorded or in
+                                            quantile mode, which it feeds; stale outside a burst; in
+                                            quantile mode the burst's ratio r_j; Gl_j in uniform
+                                            mode, see stsgd_block); columns 2-3 hold four int32 read through
                                             ``irec = int_view(rec)`` (int32[p, 8], same memory):
   ``irec[:, 4]``  int32  (RI_KT)            k̃_j of the open burst (ST-3), 0 between bursts;
                                             −1 = purged (not in Ω, skipped everywhere, ST-8)
@@ -390,6 +392,7 @@ def stsgd_block(indptr, indices, data, y, rows, start, rec, irec, touched, istat
     cap_t = touched.shape[0]
     consumed = 0
     uniform = mode == TRUNC_UNIFORM
+    keep_start = ratios.shape[0] > 0 or quantile_first_burst
     rp = base(rec)
     ap = base(acc)
     for ri in range(start, nrows):
@@ -442,8 +445,9 @@ def stsgd_block(indptr, indices, data, y, rows, start, rec, irec, touched, istat
                         istate[I_NTOUCHED] = nt
                         raise ValueError("stsgd_block: touched buffer too small")
                     nt += np.int64(first)
-                    ws = rec[j, R_WSTART]
-                    rec[j, R_WSTART] = wj if first else ws
+                    if keep_start:  # w_start feeds the (ST-9) ratios only; in uniform mode the close rewrites it
+                        ws = rec[j, R_WSTART]
+                        rec[j, R_WSTART] = wj if first else ws
                     irec[j, RI_KT] = kj + 1
                     if adagrad == ADA_ALL:
                         gj = d * data[q]
