@@ -175,7 +175,6 @@ class STSGDParams:
 
 class STSGD(Algorithm):
     name = "stsgd"
-    path_mode = "full"
     Params = STSGDParams
     shared_keys = ("ctrl",)
     feature_keys = ()  # rec is padded along axis 0 by resize below
@@ -189,7 +188,11 @@ class STSGD(Algorithm):
     def __init__(self, params):
         super().__init__(params)
         self.eta, self.l1, self.K = params.eta, params.l1, params.K  # resolved by calibrate (scale "data")
-        self.path_mode = params.path_mode
+
+    @property
+    def path_mode(self) -> str:
+        """The engine's reading of the paths: the ``path_mode`` parameter ("full" by default)."""
+        return self.params.path_mode
 
     def calibrate(self, scale):
         """Scale "data": η = eta / E‖x‖², λ = l1·rms(x_ij), K = min(K, rows // 20) (at least 1)."""
