@@ -94,6 +94,9 @@ DEFAULT_ADAPTIVE = True
 # 35k rows (2.5 rows per column of stsgd's S): L2 12.9%, L1 path 11.05%; 350k rows (55 per column): L2 5.90% in
 # 152 s, L1 path 5.88% in 1,056 s (869 evaluations).
 AUTO_ROWS_PER_COLUMN = 20
+# "auto" also takes the L2 refit when the validation share would hold fewer rows than this: the path's one-SE rule
+# needs a loss and its standard error (a 4-row store gave an empty share, a NaN loss and a crash).
+MIN_VALIDATION_ROWS = 30
 # KKT check after an L1 refit (off by default: a pass over the full rows): kkt_rounds = 0 only reports, N > 0 lets
 # columns outside S whose gradient exceeds the penalty join S (at most |S|/2 + 100 a round, largest first) and
 # solves again. At 35k rows x 16.6M (stsgd's S, λ = 2.7e-6): 5,979 violators, max ratio 5.2; after 2 rounds
@@ -733,6 +736,8 @@ def refit(model, store_path: str, client=None, l2: float = DEFAULT_L2, max_iter:
     path, rule = None, None
     if l1 == "auto" and rows >= AUTO_ROWS_PER_COLUMN * max(1, support.size):
         l1, rule = 0.0, f"rows >= {AUTO_ROWS_PER_COLUMN} x |S|: L2 only"
+    elif l1 == "auto" and rows * validation < MIN_VALIDATION_ROWS:
+        l1, rule = 0.0, f"{rows} training rows: fewer than {MIN_VALIDATION_ROWS} to validate an L1 path; L2 only"
     split = (validation, int(model.meta.get("seed", 0) or 0)) if l1 == "auto" else (0.0, 0)
     l2s = tuple(c / max(1, rows) for c in L2_GRID) if l2 is None and l1 == "auto" else None
     prob = RefitProblem(store_path, support, l2=l2, loss=loss, client=client, blocks=blocks,

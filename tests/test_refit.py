@@ -405,6 +405,23 @@ def test_auto_is_the_l2_refit_when_rows_are_many_per_selected_column(small, wide
     assert refit(wide[1], store, max_iter=5).meta["refit"]["l1_rule"] == "validated path (adaptive)"
 
 
+def test_a_store_too_small_to_validate_gets_the_l2_refit(tmp_path):
+    """`train --algo stsgd` (refit "auto") on a 4-row store: its validation share would be empty (a NaN loss made
+    the path crash); the refit is the plain L2 one on the learner's support, and the rule says why."""
+    from pipeline.refit import MIN_VALIDATION_ROWS
+
+    svm = tmp_path / "tiny.svm"
+    svm.write_text("1 1:0.5 3:1\n-1 2:1\n1 1:1 4:2\n-1 3:1\n")
+    ingest([str(svm)], str(tmp_path / "tiny.zarr"))
+    out = tmp_path / "m.npz"
+    r = CliRunner().invoke(app, ["train", str(tmp_path / "tiny.zarr"), "--algo", "stsgd", "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    m = load_model(str(out))
+    assert m.meta["refit"]["l1"] == 0.0 and m.meta["refit"]["l1_path"] is None
+    assert m.meta["refit"]["l1_rule"].startswith(f"4 training rows: fewer than {MIN_VALIDATION_ROWS}")
+    assert set(m.coef_indices) <= {0, 1, 2, 3} and np.isfinite(m.coef_values).all() and np.isfinite(m.bias)
+
+
 def test_validation_rows_are_seeded_per_block():
     from pipeline.refit import validation_rows
 
