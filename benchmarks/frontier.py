@@ -68,11 +68,11 @@ def main(argv=None):
         path, thetas, null = [], [], R._null_start(prob)
         for l2 in l2s:
             R._lasso_path(prob, path, thetas, l2, null, R.PATH_MAX_ITER, R.DEFAULT_TOL, R.PATH_PER_DECADE,
-                          R.PATH_DECADES, R.PATH_PATIENCE, R.PATH_REFINE)
+                          R.PATH_DECADES, R.PATH_PATIENCE, R.PATH_REFINE, "one-se")
         for e, th in zip(path, thetas):
             score(th, f"lasso, l2 = {e['l2'] * rows:g}/n", l1=e["l1"], val_loss=e["val_loss"])
         lasso = list(range(len(path)))
-        starts = {"one-SE lasso": R._sparsest_within_one_se(path, lasso),
+        starts = {"one-SE lasso": R._choose(prob, path, thetas, lasso, "one-se"),
                   "lowest-loss lasso": min(lasso, key=lambda i: path[i]["val_loss"])}
 
         def adaptive(start, a, lam0, l2, gamma, family):

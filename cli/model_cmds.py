@@ -27,6 +27,11 @@ _REFIT_OPTIONS = {
                            "support (penalty weights max|w|/|w_j|), a candidate when it beats the lasso's validation "
                            "loss by more than its standard error: fewer false features and less shrinkage (35k "
                            "webspam-like rows: 9.34% error at 1,853 non-zeros against the lasso's 9.84% at 3,692)."),
+    "select": (None, {}, "With the 'auto' L1 penalty, how the validation rows choose among the path's fits (the "
+                         "sparsest accepted): 'paired' (default) not worse than the lowest validation loss by more "
+                         "than the standard error of the two fits' per-row differences; 'min' the lowest; 'one-se' "
+                         "within one standard error of the mean loss (glmnet's lambda.1se: sparser, and worse where "
+                         "the validation rows are few)."),
     "kkt": (None, {"min": 0}, "After an L1 refit, check its KKT conditions on every column (a pass over the full "
                               "rows) and let up to N rounds add violating columns to the support (0: report only)."),
 }
@@ -61,6 +66,7 @@ def train(
     refit_kkt: Optional[int] = refit_option("kkt", "--refit-kkt"),
     refit_relax: bool = refit_option("relax", "--refit-relax"),
     refit_adaptive: bool = refit_option("adaptive", "--refit-adaptive/--no-refit-adaptive"),
+    refit_select: Optional[str] = refit_option("select", "--refit-select"),
     refit_l2: Optional[float] = refit_option("l2", "--refit-l2"),
     refit_iters: Optional[int] = refit_option("iters", "--refit-iters"),
     training: TrainingOptions = None,
@@ -117,7 +123,8 @@ def train(
                         evaluate_every=run.get("evaluate_every", 1),
                         shuffle_window=run.get("shuffle_window", 4), progress=progress,
                         refit=refit_options(refit_by_default(name) if refit is None else refit, refit_l2,
-                                            refit_iters, refit_l1, refit_kkt, refit_relax, refit_adaptive),
+                                            refit_iters, refit_l1, refit_kkt, refit_relax, refit_adaptive,
+                                            refit_select),
                         blocks=_window(str(store), run.get("generations", 0)))
         bar.close()
         model.save(out)
@@ -169,14 +176,15 @@ _REFIT_SUMMARY = ("l1", "l2", "adaptive", "kkt", "loss", "iterations", "evaluati
 
 
 def refit_options(on: bool, l2: float | None, iters: int | None, l1: str | None = None,
-                  kkt: int | None = None, relax: bool = False, adaptive: bool = True,
-                  l1_flag: str = "--refit-l1") -> dict | None:
+                  kkt: int | None = None, relax: bool = False, adaptive: bool = True, select: str | None = None,
+                  l1_flag: str = "--refit-l1", select_flag: str = "--refit-select") -> dict | None:
     """The keywords of :func:`pipeline.refit.refit` from the refit flags (train's ``--refit-*`` or `sparsepipe
     refit`'s); None without ``on``. A flag without ``on`` or a bad L1 value is a usage error (exit 2)."""
     if not on:
-        if l2 is not None or iters is not None or l1 is not None or kkt is not None or relax or not adaptive:
-            fail("--refit-l1, --refit-l2, --refit-iters, --refit-kkt, --refit-relax and --no-refit-adaptive need "
-                 "--refit (on by default for stsgd only)", 2)
+        if (l2 is not None or iters is not None or l1 is not None or kkt is not None or relax or not adaptive
+                or select is not None):
+            fail("--refit-l1, --refit-l2, --refit-iters, --refit-kkt, --refit-relax, --no-refit-adaptive and "
+                 "--refit-select need --refit (on by default for stsgd only)", 2)
         return None
     if l1 is not None:
         from pipeline.refit import parse_l1
@@ -185,8 +193,13 @@ def refit_options(on: bool, l2: float | None, iters: int | None, l1: str | None 
             l1 = parse_l1(l1)
         except ValueError as e:
             fail(f"{l1_flag}: {e}", 2)
+    if select is not None:
+        from pipeline.refit import SELECT_RULES
+
+        if select not in SELECT_RULES:
+            fail(f"{select_flag}: {select!r} is not one of {', '.join(SELECT_RULES)}", 2)
     return {k: v for k, v in (("l2", l2), ("max_iter", iters), ("l1", l1), ("kkt_rounds", kkt),
-                              ("relax", relax or None), ("adaptive", None if adaptive else False))
+                              ("relax", relax or None), ("adaptive", None if adaptive else False), ("select", select))
             if v is not None}
 
 

@@ -63,6 +63,7 @@ def refit(
     kkt: Optional[int] = refit_option("kkt", "--kkt"),
     relax: bool = refit_option("relax", "--relax"),
     adaptive: bool = refit_option("adaptive", "--adaptive/--no-adaptive"),
+    select: Optional[str] = refit_option("select", "--select"),
     workers: Optional[int] = typer.Option(None, "--workers", min=1, help="Start a local cluster of N processes "
                                                                          "(default: threads in this process)."),
     scheduler: Optional[str] = typer.Option(None, "--scheduler", help="Join this Dask scheduler instead."),
@@ -77,7 +78,7 @@ def refit(
     from pipeline.store.reader import open_store
     from pipeline.train import refit_model
 
-    options = refit_options(True, l2, iters, l1, kkt, relax, adaptive, l1_flag="--l1")
+    options = refit_options(True, l2, iters, l1, kkt, relax, adaptive, select, l1_flag="--l1", select_flag="--select")
     try:
         m = load_model(model)
         st = open_store(str(store))

@@ -78,7 +78,7 @@ VALIDATION_FRACTION = 0.2  # training rows set aside to choose the refit's L1 pe
 # support of 12,385 columns) the path took 9 points, 560 evaluations, and chose λ = 2.7e-6: holdout error 11.0%
 # at 5,224 non-zeros (the L2-only refit: 12.9% at 12,385; LIBLINEAR's best L1-LR on all columns: 10.2%).
 PATH_PER_DECADE, PATH_DECADES, PATH_PATIENCE, PATH_MAX_ITER = 3, 4.0, 2, 60
-PATH_REFINE = 2  # points added between the one-SE choice and the next larger λ (glmnet's grid is ~25 a decade)
+PATH_REFINE = 2  # points added between the chosen λ and the next larger λ (glmnet's grid is ~25 a decade)
 # The relaxed lasso's φ (penalty on S_λ as a share of λ; `relax=True`, off by default). Measured in memory
 # (scikit-learn's liblinear on stsgd's S at 35k webspam-like rows, 80/20 split as here): the lasso's best validation
 # loss 0.2575 (C = 5, holdout 11.1%); relaxed φ = 1/2 at the same λ 0.2403 (holdout 10.3%); φ = 1/4 was best one
@@ -89,12 +89,23 @@ PATH_REFINE = 2  # points added between the one-SE choice and the next larger λ
 RELAX = (0.5, 0.25, 0.125)
 ADAPTIVE = (1.0,)  # the adaptive lasso's γ (:func:`l1_path`)
 DEFAULT_ADAPTIVE = True
+# How the validation rows choose among the path's fits (the sparsest the rule accepts): "min" the lowest validation
+# loss; "one-se" within one standard error of it (glmnet's lambda.1se; the mean loss's standard error is mostly the
+# rows' spread, which every model shares); "paired" not worse than it by more than the standard error of the two
+# models' per-row differences on the same rows. Measured (stsgd --no-refit models, the same refit otherwise;
+# holdout error at non-zeros): 35k webspam-like rows, seeds 11 / 12 / 13: paired 9.19 / 8.62 / 8.71% at 1,886 /
+# 1,950 / 1,909, min 9.34 / 8.62 / 8.71%, one-se 9.92 / 8.62 / 8.86% at 1,451 / 1,950 / 1,870 (LIBLINEAR's best
+# over C: 9.79 / 9.53 / 9.73%); 3k rows (2k fit rows for 0.4M columns of S, 540 validation rows) paired 32.2% at
+# 159, min 30.4% at 396, one-se 34.9% at 88 (LIBLINEAR 28.7%). On the shared sets paired and min keep 1.5-3x
+# one-se's columns at about its error or lower (docs/results.md).
+SELECT_RULES = ("paired", "min", "one-se")
+DEFAULT_SELECT = "paired"
 # "auto" takes l1 = 0 (the plain L2 refit, no path) when the training rows are at least AUTO_ROWS_PER_COLUMN
 # times |S|: with that many rows per selected column the penalty's choice no longer moves the solution. Measured:
 # 35k rows (2.5 rows per column of stsgd's S): L2 12.9%, L1 path 11.05%; 350k rows (55 per column): L2 5.90% in
 # 152 s, L1 path 5.88% in 1,056 s (869 evaluations).
 AUTO_ROWS_PER_COLUMN = 20
-# "auto" also takes the L2 refit when the validation share would hold fewer rows than this: the path's one-SE rule
+# "auto" also takes the L2 refit when the validation share would hold fewer rows than this: the path's choice
 # needs a loss and its standard error (a 4-row store gave an empty share, a NaN loss and a crash).
 MIN_VALIDATION_ROWS = 30
 # KKT check after an L1 refit (off by default: a pass over the full rows): kkt_rounds = 0 only reports, N > 0 lets
@@ -248,6 +259,21 @@ def chunk_task(data, lo: int, hi: int, *args) -> np.ndarray:
     bit for bit the node of the fixed tree over all blocks that covers them, so one task per chunk of C blocks
     gives the tree's sum exactly (a task per block cost ~2 ms of scheduling each, more than its arithmetic)."""
     return tree_sum(block_task(data, b, *args) for b in range(lo, hi))
+
+
+def val_losses_task(data, lo: int, hi: int, support, sig: str, W, biases, code: int, cache_bytes: int,
+                    split) -> np.ndarray:
+    """Per-row losses of the validation rows of blocks lo..hi−1 (in block order) under each model of W (a column
+    each, with its bias): float64[rows, models] (:func:`K.row_losses`)."""
+    W = np.ascontiguousarray(W, dtype=np.float64)
+    biases = np.asarray(biases, dtype=np.float64)
+    out = []
+    for b in range(lo, hi):
+        ci, cj, cv, y = compacted(data, b, support, sig, cache_bytes, split)[4:]
+        losses = np.empty((y.shape[0], W.shape[1]), dtype=np.float64)
+        K.row_losses(ci, cj, cv, y, W, biases, code, losses)
+        out.append(losses)
+    return np.concatenate(out) if out else np.zeros((0, W.shape[1]))
 
 
 TASK_BLOCKS = 1.5  # a Dask task's scheduling cost in blocks' arithmetic (35k full-width rows: ~2 ms vs ~1.4 ms)
@@ -410,6 +436,18 @@ class RefitProblem:
                  for i in range(k)]
         return tree_sum(self.ex.gather(parts))
 
+    def val_losses(self, thetas: list) -> np.ndarray:
+        """The validation rows' losses under each theta of ``thetas``: float64[validation rows, len(thetas)], rows in
+        block order (one pass over the training blocks; needs a split)."""
+        n, c = len(self.data.keys), self.chunk
+        k = -(-n // c)
+        W = self._ship(np.stack([np.asarray(t, dtype=np.float64)[:-1] for t in thetas], axis=1), k)
+        biases = np.array([float(t[-1]) for t in thetas])
+        parts = [self.ex.submit_pinned(i, val_losses_task, self.data, i * c, min(n, (i + 1) * c), self.sup_ref,
+                                       self.sig, W, biases, self.code, self.cache_bytes, self.split)
+                 for i in range(k)]
+        return np.concatenate(self.ex.gather(parts))
+
     def evaluate(self, theta, part: str = "all", l2: float | None = None) -> tuple[float, np.ndarray]:
         """F and ∇F at theta = [w (|S| entries), bias], over the rows of ``part`` (see :func:`block_task`), with
         the problem's l2 or the given one (the validated path tries several)."""
@@ -487,10 +525,24 @@ def _scored(prob: RefitProblem, theta, res, l1: float, l1_select: float, phi: fl
             "nnz": int(np.count_nonzero(theta[:-1])), "iterations": int(res.nit)}
 
 
-def _within_one_se(path: list) -> list:
-    """Indices of the path entries whose validation loss is within one standard error of the best's."""
-    best = min(path, key=lambda e: e["val_loss"])
-    return [i for i, e in enumerate(path) if e["val_loss"] <= best["val_loss"] + best["val_se"]]
+def _acceptable(prob, path: list, thetas: list, among: list, select: str, record: bool = False) -> list:
+    """Positions in ``among`` (indices into ``path``) of the entries the rule ``select`` accepts among them: the
+    lowest validation loss ("min"); within one standard error of it ("one-se"); "paired": not worse than it by
+    more than the standard error of their per-row differences on the same validation rows (one pass for all:
+    :meth:`RefitProblem.val_losses`; ``record`` writes each entry's "val_gap" and "val_gap_se")."""
+    sub = [path[i] for i in among]
+    if select == "paired":
+        losses = prob.val_losses([thetas[i] for i in among])
+        d = losses - losses[:, [int(np.argmin(losses.sum(axis=0)))]]
+        gap = d.mean(axis=0)
+        se = d.std(axis=0, ddof=1) / np.sqrt(d.shape[0]) if d.shape[0] > 1 else np.zeros(d.shape[1])
+        if record:
+            for e, g, s in zip(sub, gap, se):
+                e["val_gap"], e["val_gap_se"] = float(g), float(s)
+        return [p for p in range(len(sub)) if gap[p] <= se[p]]
+    best = min(sub, key=lambda e: e["val_loss"])
+    bound = best["val_loss"] + (best["val_se"] if select == "one-se" else 0.0)
+    return [p for p, e in enumerate(sub) if e["val_loss"] <= bound]
 
 
 def _null_start(prob: RefitProblem) -> tuple[np.ndarray, float]:
@@ -504,7 +556,8 @@ def _null_start(prob: RefitProblem) -> tuple[np.ndarray, float]:
     return theta, float(np.max(np.abs(prob.evaluate(theta, "fit")[1][:-1]))) if s else 0.0
 
 
-def _lasso_path(prob: RefitProblem, path, thetas, l2, null, max_iter, tol, per_decade, decades, patience, refine):
+def _lasso_path(prob: RefitProblem, path, thetas, l2, null, max_iter, tol, per_decade, decades, patience, refine,
+                select):
     """Appends glmnet's warm-started path at ``l2`` from ``null`` (:func:`_null_start`) to ``path``/``thetas``
     (see :func:`l1_path`); returns the index of its best coarse point."""
     s, start = prob.support.size, len(path)
@@ -518,8 +571,8 @@ def _lasso_path(prob: RefitProblem, path, thetas, l2, null, max_iter, tol, per_d
         best = min(range(start, len(path)), key=lambda i: path[i]["val_loss"])
         if len(path) - 1 - best >= patience or path[-1]["nnz"] == s:
             break
-    pick = start + _within_one_se(path[start:])[0]  # the largest λ within one SE (the penalties decrease)
-    for j in range(1, refine + 1) if pick > start else ():  # between the one-SE choice and the larger λ outside
+    pick = start + _acceptable(prob, path, thetas, list(range(start, len(path))), select)[0]  # the largest λ accepted
+    for j in range(1, refine + 1) if pick > start else ():  # between that choice and the next larger λ
         lam = path[pick]["l1"] * 10.0 ** (j / (per_decade * (refine + 1)))
         theta, res = solve(prob, thetas[-1] if j > 1 else thetas[pick], lam, "fit", max_iter, tol, l2=l2)
         path.append({**_scored(prob, theta, res, lam, lam), **entry, "refined": True})
@@ -560,11 +613,11 @@ def _lasso_segments(prob: RefitProblem, l2s, *args):
     return path, thetas, bests
 
 
-def _sparsest_within_one_se(path, among) -> int:
-    """The entry of ``among`` (indices into ``path``) with the fewest non-zeros (then the largest penalty) whose
-    validation loss is within one standard error of the best of ``among``."""
-    sub = [path[i] for i in among]
-    return among[min(_within_one_se(sub), key=lambda i: (sub[i]["nnz"], -sub[i]["l1"]))]
+def _choose(prob, path, thetas, among, select: str, record: bool = False) -> int:
+    """The entry of ``among`` (indices into ``path``) with the fewest non-zeros (then the largest penalty) that the
+    rule ``select`` accepts among them (:func:`_acceptable`)."""
+    ok = _acceptable(prob, path, thetas, among, select, record)
+    return among[min(ok, key=lambda p: (path[among[p]]["nnz"], -path[among[p]]["l1"]))]
 
 
 def adaptive_weights(theta, gamma: float) -> np.ndarray:
@@ -595,17 +648,18 @@ def adaptive_path(prob: RefitProblem, path, thetas, theta, a, lam0: float, l2: f
 
 def l1_path(prob: RefitProblem, max_iter: int, tol: float, per_decade: int = PATH_PER_DECADE,
             decades: float = PATH_DECADES, patience: int = PATH_PATIENCE, relax=RELAX, refine: int = PATH_REFINE,
-            adaptive=ADAPTIVE, l2s=None):
-    """The elastic net's penalties chosen on held-out training rows: glmnet's path and its one-standard-error rule
-    with one validation split instead of cross-validation, Meinshausen's relaxed lasso (2007, eq. 3) and Zou's
-    adaptive lasso (2006, eq. 4).
+            adaptive=ADAPTIVE, l2s=None, select: str = DEFAULT_SELECT):
+    """The elastic net's penalties chosen on held-out training rows: glmnet's path with one validation split instead
+    of cross-validation and a rule that picks among its fits (``select``, :data:`SELECT_RULES`: paired standard
+    errors, the lowest loss, or glmnet's one-standard-error rule), Meinshausen's relaxed lasso (2007, eq. 3) and
+    Zou's adaptive lasso (2006, eq. 4).
 
     For each l2 in ``l2s`` (default: ``prob.l2`` alone): λ_max = max_j |∂F_fit/∂w_j| at w = 0 with the bias fitted
     (the smallest λ giving w = 0); then λ_k = λ_max·10^(−k/per_decade), each fitted on the "fit" rows from the
     previous solution (warm start), scored by the mean loss of the "val" rows and its standard error; the path stops
     ``patience`` points after the best, or when every column of S is active. Then ``refine`` penalties evenly spaced
-    (in log) between the largest λ within one standard error of the best and the next larger point of the path,
-    fitted the same way: the coarse grid's step (a factor 2.15) is wide where the validation loss rises steeply.
+    (in log) between the largest λ the rule accepts and the next larger point of the path, fitted the same way:
+    the coarse grid's step (a factor 2.15) is wide where the validation loss rises steeply.
 
     Relaxation (at the l2 of the best lasso entry): the lasso at λ_k selects S_k = supp(w_λk); the relaxed fit
     minimises F_fit + φ·λ_k·‖w‖₁ over w supported on S_k (φ < 1: less shrinkage of the selected weights), for φ in
@@ -621,12 +675,12 @@ def l1_path(prob: RefitProblem, max_iter: int, tol: float, per_decade: int = PAT
     models added to the choice must earn its place: on dexter's 60 validation rows, an adaptive fit 0.015 better
     than the lasso's 0.306 ± 0.077 would have let the one-SE rule pick an 11-column model, test error 11% -> 15%).
 
-    The choice over the candidates: the sparsest whose validation loss is within one standard error of the best.
+    The choice over the candidates: the sparsest that ``select`` accepts (:func:`_acceptable`).
     Returns (the chosen entry: its "l1" (φ·λ_k for a relaxed one),
     "l2", "phi", "adaptive" γ if any; theta on the fit rows; the support it is restricted to as a bool mask over S,
     or None for a lasso entry; the penalty weights a or None; the path as a list of dicts)."""
     path, thetas, bests = _lasso_segments(prob, l2s or (prob.l2,), max_iter, tol, per_decade, decades, patience,
-                                          refine)
+                                          refine, select)
     best = min(bests, key=lambda i: path[i]["val_loss"])
     masks, weights = [None] * len(path), [None] * len(path)
     lasso = list(range(len(path)))
@@ -653,7 +707,7 @@ def l1_path(prob: RefitProblem, max_iter: int, tol: float, per_decade: int = PAT
             break
         relaxed_best = point_best
     candidates = list(range(len(path)))
-    init = _sparsest_within_one_se(path, lasso)
+    init = _choose(prob, path, thetas, lasso, select)
     for gamma in adaptive:
         a = adaptive_weights(thetas[init], gamma)
         if not a.any():
@@ -665,7 +719,7 @@ def l1_path(prob: RefitProblem, max_iter: int, tol: float, per_decade: int = PAT
         weights += [a] * (len(path) - start)
         if path[top]["val_loss"] + lasso_best["val_se"] < lasso_best["val_loss"]:
             candidates += range(start, len(path))
-    pick = _sparsest_within_one_se(path, candidates)
+    pick = _choose(prob, path, thetas, candidates, select, record=True)
     path[pick]["chosen"] = True
     return path[pick], thetas[pick], masks[pick], weights[pick], path
 
@@ -704,7 +758,7 @@ def refit(model, store_path: str, client=None, l2: float = DEFAULT_L2, max_iter:
           loss: str | None = None, tol: float = DEFAULT_TOL, blocks=None,
           cache_bytes: int = DEFAULT_CACHE_BYTES, l1: float | str = DEFAULT_L1,
           validation: float = VALIDATION_FRACTION, kkt_rounds: int | None = KKT_ROUNDS, progress=None,
-          relax: bool = False, adaptive: bool = DEFAULT_ADAPTIVE):
+          relax: bool = False, adaptive: bool = DEFAULT_ADAPTIVE, select: str = DEFAULT_SELECT):
     """The model refitted on its own support S (see the module docstring); returns a new
     :class:`pipeline.model.Model` (the sparse learner's optimiser state kept; ``meta["refit"]`` records the refit).
 
@@ -714,7 +768,8 @@ def refit(model, store_path: str, client=None, l2: float = DEFAULT_L2, max_iter:
     :func:`kkt_expand`), N > 0 also lets columns outside S that violate them join the support (up to N rounds).
     ``progress(n)`` is called after the n-th evaluation of the objective (a pass over the training blocks).
     ``relax`` (l1 "auto", no KKT check): the path also scores Meinshausen's relaxed fits; ``adaptive`` (the
-    default; l1 "auto", no KKT check) Zou's adaptive lasso (:func:`l1_path`). With l1 "auto" and ``l2`` None the
+    default; l1 "auto", no KKT check) Zou's adaptive lasso (:func:`l1_path`); ``select`` how the validation rows
+    choose among the path's fits (:data:`SELECT_RULES`). With l1 "auto" and ``l2`` None the
     path runs at each l2 of L2_GRID / rows and the validation rows choose."""
     from pipeline.model import Model
 
@@ -723,6 +778,8 @@ def refit(model, store_path: str, client=None, l2: float = DEFAULT_L2, max_iter:
         raise ValueError(f"refit max_iter must be >= 1, got {max_iter}")
     if not (l1 == "auto" or (isinstance(l1, (int, float)) and l1 >= 0)):
         raise ValueError(f"refit l1 must be 'auto' or a number >= 0, got {l1!r}")
+    if select not in SELECT_RULES:
+        raise ValueError(f"refit select must be one of {', '.join(SELECT_RULES)}, got {select!r}")
     if l1 == "auto" and not 0 < validation < 1:
         raise ValueError(f"refit validation share must be in (0, 1), got {validation}")
     support = np.asarray(model.coef_indices, dtype=np.int64)
@@ -750,7 +807,7 @@ def refit(model, store_path: str, client=None, l2: float = DEFAULT_L2, max_iter:
         relax = RELAX if relax and kkt_rounds is None else ()
         adaptive = ADAPTIVE if adaptive and kkt_rounds is None else ()
         chosen, x0, active, a, path = l1_path(prob, min(max_iter, PATH_MAX_ITER), tol, relax=relax,
-                                              adaptive=adaptive, l2s=l2s)
+                                              adaptive=adaptive, l2s=l2s, select=select)
         l1, phi, gamma = chosen["l1"], chosen["phi"], chosen.get("adaptive")
         prob.l2 = chosen["l2"]  # the final fit (and the KKT check) at the chosen penalties
         rule = "validated path" + (" (relaxed)" if relax else "") + (" (adaptive)" if adaptive else "")
@@ -765,7 +822,7 @@ def refit(model, store_path: str, client=None, l2: float = DEFAULT_L2, max_iter:
     meta = dict(model.meta)
     meta["refit"] = {
         "l2": prob.l2, "l1": float(l1), "l1_rule": rule, "l1_path": path, "relax": phi, "adaptive": gamma,
-        "validation": split[0] if path else None,
+        "validation": split[0] if path else None, "select": select if path else None,
         "kkt": kkt,
         "loss": loss, "support": int(support.size), "iterations": int(res.nit),
         "evaluations": int(evaluations),

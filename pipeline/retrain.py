@@ -108,7 +108,7 @@ class JobConfig:
 
 SECTIONS = {"train", "gate", "window", "retention", "validation", "ingest", "refit"}
 REFIT_KEYS = {"enabled": bool, "l1": (str, int, float), "l2": (int, float), "max_iter": int, "relax": bool,
-              "adaptive": bool}
+              "adaptive": bool, "select": str}
 TOP_KEYS = {"store", "registry"}
 
 
@@ -177,10 +177,12 @@ def load_job(path=None, overrides: dict | None = None, train_keys=None) -> JobCo
     from pipeline.ingest import IngestOptions
 
     ing = table("ingest", {f.name for f in dataclasses.fields(IngestOptions)})
+    from pipeline.refit import SELECT_RULES
+
     ref = table("refit", set(REFIT_KEYS))
     for k, v in ref.items():
         if not isinstance(v, REFIT_KEYS[k]) or (k == "l1" and isinstance(v, str) and v != "auto") \
-                or (REFIT_KEYS[k] is not bool and isinstance(v, bool)):
+                or (k == "select" and v not in SELECT_RULES) or (REFIT_KEYS[k] is not bool and isinstance(v, bool)):
             raise ValueError(f"{src}: refit.{k} has the wrong type or value: {v!r}")
     cfg = JobConfig(store=str(raw["store"]), registry=str(raw["registry"]), train=tr, gate=gate,
                     generations=int(win.get("generations", 0)), keep=int(ret.get("keep", 10)), validation=val,

@@ -96,6 +96,26 @@ def test_kernel_loss_and_gradient_equal_numpy_reference(loss, code):
     np.testing.assert_allclose(g, rg, rtol=1e-12, atol=1e-12)
 
 
+@pytest.mark.parametrize("loss,code", [("logistic", LOGISTIC), ("squared", SQUARED)])
+def test_row_losses_kernel_equals_numpy_reference(loss, code):
+    """K.row_losses: every row's loss under every model (a column of W), against NumPy on the dense rows; their
+    column sums are loss_grad's totals."""
+    rng = np.random.default_rng(3)
+    X = sp.random(200, 60, density=0.1, random_state=2, format="csr", dtype=np.float32)
+    y = np.where(rng.random(200) < 0.5, 1.0, -1.0)
+    W = rng.standard_normal((60, 4))
+    biases = rng.standard_normal(4)
+    out = np.full((200, 4), np.nan)
+    K.row_losses(X.indptr.astype(np.int64), X.indices, X.data, y, W, biases, code, out)
+    f = X.toarray().astype(np.float64) @ W + biases
+    ref = np.logaddexp(0.0, -y[:, None] * f) if loss == "logistic" else 0.5 * (f - y[:, None]) ** 2
+    np.testing.assert_allclose(out, ref, rtol=1e-12, atol=1e-14)
+    g = np.empty(60)
+    for c in range(4):
+        tot = K.loss_grad(X.indptr.astype(np.int64), X.indices, X.data, y, W[:, c].copy(), biases[c], code, g)[0]
+        assert out[:, c].sum() == pytest.approx(tot, rel=1e-12)
+
+
 def test_narrow_column_positions_give_the_same_sums_bit_for_bit():
     """A support of at most 65,536 columns is compacted with uint16 positions: the same entries and the same
     loss, bias gradient and gradient bits as with int32 positions (the evaluation only reads fewer bytes)."""
@@ -255,28 +275,40 @@ def test_kkt_rounds_reach_the_l1_optimum_over_all_columns(small, client):
     assert set(np.flatnonzero(np.abs(sk.coef_.ravel()) > 1e-4)) <= set(full.coef_indices.tolist())
 
 
-def test_auto_l1_is_chosen_on_training_rows_only_and_keeps_a_subset_of_s(wide):
-    """The validated path: the chosen penalty is a path point, the path's validation losses come from training
-    rows (never the holdout), the result is supported on S with exact zeros, and the split is seeded."""
+def accepted(cands: list, select: str) -> list:
+    """The entries the rule accepts: the lowest validation loss ("min"), within one standard error of it
+    ("one-se"), or not worse than it by more than the standard error of their paired differences ("paired", as
+    recorded for the final choice's candidates)."""
+    if select == "paired":
+        assert min(p["val_gap"] for p in cands) == 0.0
+        return [p for p in cands if p["val_gap"] <= p["val_gap_se"]]
+    best = min(cands, key=lambda p: p["val_loss"])
+    return [p for p in cands if p["val_loss"] <= best["val_loss"] + (best["val_se"] if select == "one-se" else 0)]
+
+
+@pytest.mark.parametrize("select", ["min", "one-se", "paired"])
+def test_auto_l1_is_chosen_on_training_rows_only_and_keeps_a_subset_of_s(wide, select):
+    """The validated path: the chosen penalty is a path point (the lowest validation loss, or the sparsest within
+    one standard error of it), the path's validation losses come from training rows (never the holdout), the
+    result is supported on S with exact zeros, and the split is seeded."""
     from pipeline.refit import L2_GRID
 
     store, model = wide
-    r = refit(model, store, relax=True, adaptive=False)
+    r = refit(model, store, relax=True, adaptive=False, select=select)
     info = r.meta["refit"]
     path = info["l1_path"]
     chosen = [p for p in path if p.get("chosen")]
     assert len(chosen) == 1 and info["l1"] == chosen[0]["l1"] > 0 and info["validation"] == 0.2
-    assert info["l2"] == chosen[0]["l2"] and info["adaptive"] is None
-    best = min(path, key=lambda p: p["val_loss"])
-    within = [p for p in path if p["val_loss"] <= best["val_loss"] + best["val_se"]]
-    assert chosen[0] in within and chosen[0]["nnz"] == min(p["nnz"] for p in within)  # the sparsest within 1 SE
+    assert info["l2"] == chosen[0]["l2"] and info["adaptive"] is None and info["select"] == select
+    within = accepted(path, select)
+    assert chosen[0] in within and chosen[0]["nnz"] == min(p["nnz"] for p in within)
     rows = sum(e["rows"] for e in open_store(store).entries("train"))
     assert sorted({p["l2"] for p in path}) == sorted(c / rows for c in L2_GRID)  # a lasso path at each l2
     for l2 in L2_GRID:
         seg = [p for p in path if p["l2"] == l2 / rows]
         lasso = [p for p in seg if p["phi"] == 1.0 and not p.get("refined")]
         assert all(p["l1"] > q["l1"] for p, q in zip(lasso, lasso[1:]))  # decreasing penalties
-        refined = [p for p in seg if p.get("refined")]  # between the coarse one-SE choice and the next larger λ
+        refined = [p for p in seg if p.get("refined")]  # between the coarse choice and the next larger λ
         assert len(refined) == 2 and any(a["l1"] > refined[1]["l1"] > refined[0]["l1"] > b["l1"]
                                          for a, b in zip(lasso, lasso[1:]))
     relaxed = [p for p in path if p["phi"] < 1.0]
@@ -285,7 +317,7 @@ def test_auto_l1_is_chosen_on_training_rows_only_and_keeps_a_subset_of_s(wide):
         point = next(q for q in path if q["phi"] == 1.0 and q["l1"] == p["l1_select"] and q["l2"] == p["l2"])
         assert p["l1"] == pytest.approx(p["phi"] * point["l1"]) and p["nnz"] <= point["nnz"]
     assert set(r.coef_indices.tolist()) <= set(model.coef_indices.tolist()) and r.nnz < model.nnz
-    again = refit(model, store, relax=True, adaptive=False)
+    again = refit(model, store, relax=True, adaptive=False, select=select)
     np.testing.assert_array_equal(again.coef_values, r.coef_values)
     plain = refit(model, store).meta["refit"]  # the default path: lasso and adaptive points, none relaxed
     assert plain["relax"] == 1.0 and all(p["phi"] == 1.0 for p in plain["l1_path"])
@@ -298,7 +330,7 @@ def test_a_failing_l2_segment_stops_the_other_and_raises(small):
 
     store, model = small
     prob = RefitProblem(store, model.coef_indices, l2=1e-3, split=(0.2, 0))
-    args = (60, 1e-6, PATH_PER_DECADE, PATH_DECADES, PATH_PATIENCE, PATH_REFINE)
+    args = (60, 1e-6, PATH_PER_DECADE, PATH_DECADES, PATH_PATIENCE, PATH_REFINE, "min")
     whole = RefitProblem(store, model.coef_indices, l2=1e-3, split=(0.2, 0))
     _lasso_segments(whole, (1e-3,), *args)
     assert whole.evaluations > 100
@@ -340,31 +372,34 @@ def test_adaptive_solve_equals_the_lasso_on_rescaled_columns(small):
     assert 0 < zeros.sum() < active.sum()
 
 
-def test_adaptive_path_stays_on_the_chosen_lassos_support_and_must_beat_it(wide):
-    """The adaptive entries: penalties decreasing from the chosen lasso's λ, at its l2, never more columns than
-    it; they are candidates only when their best beats the lasso's best by its standard error; the model is the
-    final fit at the chosen entry's penalty (weights recorded), deterministic."""
+@pytest.mark.parametrize("select", ["min", "one-se", "paired"])
+def test_adaptive_path_stays_on_the_chosen_lassos_support_and_must_beat_it(wide, select):
+    """The adaptive entries: penalties decreasing from the chosen lasso's λ (chosen by the rule), at its l2, never
+    more columns than it; they are candidates only when their best beats the lasso's best by its standard error;
+    the model is the final fit at the entry the rule chooses among the candidates (weights recorded),
+    deterministic."""
     store, model = wide
-    r = refit(model, store)
+    r = refit(model, store, select=select)
     info = r.meta["refit"]
     path = info["l1_path"]
     lasso = [p for p in path if "adaptive" not in p]
     ada = [p for p in path if "adaptive" in p]
     assert ada and all(p["adaptive"] == 1.0 for p in ada)
     init = next(p for p in lasso if p["l1"] == ada[0]["l1_select"] and p["l2"] == ada[0]["l2"])
+    if select != "paired":  # (the paired statistics recorded are the final choice's, over all candidates)
+        assert init in accepted(lasso, select) and init["nnz"] == min(p["nnz"] for p in accepted(lasso, select))
     assert ada[0]["l1"] == init["l1"] and all(p["l1"] > q["l1"] for p, q in zip(ada, ada[1:]))
     assert all(p["nnz"] <= init["nnz"] and p["l2"] == init["l2"] for p in ada)
     lbest = min(lasso, key=lambda p: p["val_loss"])
     admitted = min(p["val_loss"] for p in ada) + lbest["val_se"] < lbest["val_loss"]
     cands = lasso + (ada if admitted else [])
-    best = min(cands, key=lambda p: p["val_loss"])
-    within = [p for p in cands if p["val_loss"] <= best["val_loss"] + best["val_se"]]
+    within = accepted(cands, select)
     chosen = next(p for p in path if p.get("chosen"))
     assert chosen in within and chosen["nnz"] == min(p["nnz"] for p in within)
     assert info["adaptive"] == chosen.get("adaptive") and info["l2"] == chosen["l2"]
     assert info["l1_rule"] == "validated path (adaptive)"
     assert set(r.coef_indices.tolist()) <= set(model.coef_indices.tolist())
-    np.testing.assert_array_equal(refit(model, store).coef_values, r.coef_values)
+    np.testing.assert_array_equal(refit(model, store, select=select).coef_values, r.coef_values)
 
 
 def test_relaxed_solve_holds_inactive_columns_at_zero_and_equals_the_solve_on_the_subset(wide):
@@ -420,6 +455,29 @@ def test_a_store_too_small_to_validate_gets_the_l2_refit(tmp_path):
     assert m.meta["refit"]["l1"] == 0.0 and m.meta["refit"]["l1_path"] is None
     assert m.meta["refit"]["l1_rule"].startswith(f"4 training rows: fewer than {MIN_VALIDATION_ROWS}")
     assert set(m.coef_indices) <= {0, 1, 2, 3} and np.isfinite(m.coef_values).all() and np.isfinite(m.bias)
+
+
+def test_validation_losses_are_the_validation_rows_losses_in_block_order(small):
+    """RefitProblem.val_losses: per-row losses of the seeded validation rows of every training block, block by block,
+    one column per model, against NumPy on the store's rows restricted to S."""
+    from pipeline.refit import validation_rows
+
+    store, model = small
+    support = np.sort(np.asarray(model.coef_indices, dtype=np.int64))
+    prob = RefitProblem(store, support, l2=1e-4, split=(0.2, 5))
+    rng = np.random.default_rng(0)
+    thetas = [np.append(rng.standard_normal(support.size), b) for b in (0.0, 0.7)]
+    got = prob.val_losses(thetas)
+    rows, ys = [], []
+    for b, blk in enumerate(open_store(store).blocks("train")):
+        keep = validation_rows(blk.y.shape[0], 0.2, 5, b)
+        rows.append(blk.X.tocsc()[:, support].tocsr()[keep])
+        ys.append(blk.y[keep])
+    X, y = sp.vstack(rows).toarray().astype(np.float64), np.concatenate(ys)
+    ref = np.stack([np.logaddexp(0.0, -y * (X @ t[:-1] + t[-1])) for t in thetas], axis=1)
+    assert got.shape == ref.shape and got.shape[0] > 0
+    np.testing.assert_allclose(got, ref, rtol=1e-10)
+    assert got[:, 0].sum() / got.shape[0] == pytest.approx(prob.evaluate(thetas[0], "val", l2=0.0)[0], rel=1e-10)
 
 
 def test_validation_rows_are_seeded_per_block():
@@ -609,3 +667,21 @@ def test_cli_no_adaptive_flags_equal_the_api_and_need_the_refit(wide, tmp_path):
     bad = CliRunner().invoke(app, ["train", store, "--out", str(tmp_path / "t.npz"), "--algo", "tg", "--passes", "1",
                                    "--no-refit-adaptive"])
     assert bad.exit_code == 2 and "--no-refit-adaptive" in bad.output and not (tmp_path / "t.npz").exists()
+
+
+def test_cli_select_flag_equals_the_api_and_refuses_unknown_rules(wide, tmp_path):
+    """`refit --select one-se` is refit(select="one-se"); an unknown rule, or train's --refit-select without a
+    refit, is a usage error naming the flag that writes nothing."""
+    store, model = wide
+    src, out = tmp_path / "m.npz", tmp_path / "r.npz"
+    model.save(src)
+    r = CliRunner().invoke(app, ["refit", str(src), store, "--out", str(out), "--select", "one-se", "--json"])
+    assert r.exit_code == 0, r.output
+    got = load_model(out)
+    np.testing.assert_array_equal(got.coef_values, refit(model, store, select="one-se").coef_values)
+    assert got.meta["refit"]["select"] == "one-se"
+    for args, flag in ((["refit", str(src), store, "--out", str(tmp_path / "x.npz"), "--select", "best"], "--select"),
+                       (["train", store, "--out", str(tmp_path / "x.npz"), "--algo", "tg", "--passes", "1",
+                         "--refit-select", "min"], "--refit-select")):
+        bad = CliRunner().invoke(app, args)
+        assert bad.exit_code == 2 and flag in bad.output and not (tmp_path / "x.npz").exists()

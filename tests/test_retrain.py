@@ -363,7 +363,7 @@ def test_refit_in_the_nightly_job(refit1, days, tmp_path):
     code, night2 = _run(d2, [days[2]])  # resumes the learner's state kept in the refitted production
     assert code == EXIT_OK and night2["candidate"]["exact_resume"] is True, night2
     for bad, msg in (('[refit]\nenabled = true\nl3 = 1\n', "refit.l3"), ('[refit]\nl1 = "x"\n', "refit.l1"),
-                     ('[refit]\nenabled = 1\n', "refit.enabled")):
+                     ('[refit]\nenabled = 1\n', "refit.enabled"), ('[refit]\nselect = "best"\n', "refit.select")):
         with pytest.raises(ValueError, match=msg):
             load_job(_job(str(tmp_path / "bad"), bad))
 

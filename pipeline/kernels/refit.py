@@ -102,6 +102,25 @@ def loss_grad(cindptr, cidx, cval, y, w, bias, code, grad):
 
 
 @numba.njit(cache=True, nogil=True)
+def row_losses(cindptr, cidx, cval, y, W, biases, code, out):
+    """out[i, c] = ℓ(x_{i,S}·W[:, c] + biases[c], y_i) for every row i of the block and every column c of W
+    (float64[s, m], one model per column; ``out`` float64[rows, m]): the per-row validation losses that compare
+    models on the same rows (paired differences)."""
+    m = W.shape[1]
+    f = np.empty(m, dtype=np.float64)
+    for i in range(cindptr.shape[0] - 1):
+        for c in range(m):
+            f[c] = biases[c]
+        for k in range(cindptr[i], cindptr[i + 1]):
+            j = cidx[k]
+            v = cval[k]
+            for c in range(m):
+                f[c] += W[j, c] * v
+        for c in range(m):
+            out[i, c] = loss(f[c], y[i], code)
+
+
+@numba.njit(cache=True, nogil=True)
 def take_rows(cindptr, cidx, cval, rows):
     """The sub-CSR of the given rows (int64, increasing): (indptr int64[len(rows) + 1], idx, val)."""
     m = 0
