@@ -171,8 +171,8 @@ def _window(store: str, last: int):
 
 
 _PRINTED = {"pass", "stage", "nnz", "density", "seconds", "elapsed", "holdout"}
-_REFIT_SUMMARY = ("l1", "l2", "adaptive", "kkt", "loss", "iterations", "evaluations", "objective", "grad_norm", "converged", "seconds",
-                  "holdout_before", "nnz_before")
+_REFIT_SUMMARY = ("l1", "l1_rule", "select", "l2", "adaptive", "kkt", "loss", "iterations", "evaluations", "objective",
+                  "grad_norm", "converged", "seconds", "holdout_before", "nnz_before")
 
 
 def refit_options(on: bool, l2: float | None, iters: int | None, l1: str | None = None,
