@@ -261,19 +261,22 @@ def chunk_task(data, lo: int, hi: int, *args) -> np.ndarray:
     return tree_sum(block_task(data, b, *args) for b in range(lo, hi))
 
 
-def val_losses_task(data, lo: int, hi: int, support, sig: str, W, biases, code: int, cache_bytes: int,
-                    split) -> np.ndarray:
-    """Per-row losses of the validation rows of blocks lo..hi−1 (in block order) under each model of W (a column
-    each, with its bias): float64[rows, models] (:func:`K.row_losses`)."""
+def paired_task(data, lo: int, hi: int, support, sig: str, W, biases, ref: int, code: int, cache_bytes: int,
+                split) -> np.ndarray:
+    """Over the validation rows of blocks lo..hi−1, with d_c = ℓ(model c) − ℓ(model ``ref``) per row (models: the
+    columns of W with their biases, :func:`K.row_losses`): float64[3, models] of (rows, Σ d_c, Σ d_c²), block by
+    block in :func:`tree_sum`'s order. The rows' losses stay on the worker."""
     W = np.ascontiguousarray(W, dtype=np.float64)
     biases = np.asarray(biases, dtype=np.float64)
-    out = []
-    for b in range(lo, hi):
+
+    def block(b):
         ci, cj, cv, y = compacted(data, b, support, sig, cache_bytes, split)[4:]
         losses = np.empty((y.shape[0], W.shape[1]), dtype=np.float64)
         K.row_losses(ci, cj, cv, y, W, biases, code, losses)
-        out.append(losses)
-    return np.concatenate(out) if out else np.zeros((0, W.shape[1]))
+        d = losses - losses[:, [ref]]
+        return np.stack([np.full(W.shape[1], float(y.shape[0])), d.sum(axis=0), (d * d).sum(axis=0)])
+
+    return tree_sum(block(b) for b in range(lo, hi))
 
 
 TASK_BLOCKS = 1.5  # a Dask task's scheduling cost in blocks' arithmetic (35k full-width rows: ~2 ms vs ~1.4 ms)
@@ -436,17 +439,21 @@ class RefitProblem:
                  for i in range(k)]
         return tree_sum(self.ex.gather(parts))
 
-    def val_losses(self, thetas: list) -> np.ndarray:
-        """The validation rows' losses under each theta of ``thetas``: float64[validation rows, len(thetas)], rows in
-        block order (one pass over the training blocks; needs a split)."""
+    def paired(self, thetas: list, ref: int) -> tuple[np.ndarray, np.ndarray]:
+        """(mean, standard error) over the validation rows of d_c = ℓ(thetas[c]) − ℓ(thetas[ref]) per row, for every
+        c: one pass over the training blocks (needs a split), sums in the fixed tree order (:func:`paired_task`)."""
         n, c = len(self.data.keys), self.chunk
         k = -(-n // c)
         W = self._ship(np.stack([np.asarray(t, dtype=np.float64)[:-1] for t in thetas], axis=1), k)
         biases = np.array([float(t[-1]) for t in thetas])
-        parts = [self.ex.submit_pinned(i, val_losses_task, self.data, i * c, min(n, (i + 1) * c), self.sup_ref,
-                                       self.sig, W, biases, self.code, self.cache_bytes, self.split)
+        parts = [self.ex.submit_pinned(i, paired_task, self.data, i * c, min(n, (i + 1) * c), self.sup_ref,
+                                       self.sig, W, biases, int(ref), self.code, self.cache_bytes, self.split)
                  for i in range(k)]
-        return np.concatenate(self.ex.gather(parts))
+        rows, s1, s2 = tree_sum(self.ex.gather(parts))
+        m = rows[0] if rows.size else 0.0
+        mean = s1 / max(m, 1.0)
+        var = np.maximum(s2 - m * mean * mean, 0.0) / max(m - 1.0, 1.0)
+        return mean, np.sqrt(var / max(m, 1.0))
 
     def evaluate(self, theta, part: str = "all", l2: float | None = None) -> tuple[float, np.ndarray]:
         """F and ∇F at theta = [w (|S| entries), bias], over the rows of ``part`` (see :func:`block_task`), with
@@ -529,13 +536,11 @@ def _acceptable(prob, path: list, thetas: list, among: list, select: str, record
     """Positions in ``among`` (indices into ``path``) of the entries the rule ``select`` accepts among them: the
     lowest validation loss ("min"); within one standard error of it ("one-se"); "paired": not worse than it by
     more than the standard error of their per-row differences on the same validation rows (one pass for all:
-    :meth:`RefitProblem.val_losses`; ``record`` writes each entry's "val_gap" and "val_gap_se")."""
+    :meth:`RefitProblem.paired`; ``record`` writes each entry's "val_gap" and "val_gap_se")."""
     sub = [path[i] for i in among]
     if select == "paired":
-        losses = prob.val_losses([thetas[i] for i in among])
-        d = losses - losses[:, [int(np.argmin(losses.sum(axis=0)))]]
-        gap = d.mean(axis=0)
-        se = d.std(axis=0, ddof=1) / np.sqrt(d.shape[0]) if d.shape[0] > 1 else np.zeros(d.shape[1])
+        best = min(range(len(sub)), key=lambda p: sub[p]["val_loss"])
+        gap, se = prob.paired([thetas[i] for i in among], best)
         if record:
             for e, g, s in zip(sub, gap, se):
                 e["val_gap"], e["val_gap_se"] = float(g), float(s)

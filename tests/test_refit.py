@@ -457,27 +457,29 @@ def test_a_store_too_small_to_validate_gets_the_l2_refit(tmp_path):
     assert set(m.coef_indices) <= {0, 1, 2, 3} and np.isfinite(m.coef_values).all() and np.isfinite(m.bias)
 
 
-def test_validation_losses_are_the_validation_rows_losses_in_block_order(small):
-    """RefitProblem.val_losses: per-row losses of the seeded validation rows of every training block, block by block,
-    one column per model, against NumPy on the store's rows restricted to S."""
+def test_paired_differences_over_the_validation_rows_equal_numpy(small):
+    """RefitProblem.paired: mean and standard error of ℓ(model c) − ℓ(model ref) over the seeded validation rows of
+    every training block, against NumPy on the store's rows restricted to S; the reference's own gap is exactly 0."""
     from pipeline.refit import validation_rows
 
     store, model = small
     support = np.sort(np.asarray(model.coef_indices, dtype=np.int64))
     prob = RefitProblem(store, support, l2=1e-4, split=(0.2, 5))
     rng = np.random.default_rng(0)
-    thetas = [np.append(rng.standard_normal(support.size), b) for b in (0.0, 0.7)]
-    got = prob.val_losses(thetas)
+    thetas = [np.append(rng.standard_normal(support.size) * k, b) for k, b in ((1.0, 0.0), (0.5, 0.7), (0.1, -0.2))]
+    mean, se = prob.paired(thetas, 1)
     rows, ys = [], []
     for b, blk in enumerate(open_store(store).blocks("train")):
         keep = validation_rows(blk.y.shape[0], 0.2, 5, b)
         rows.append(blk.X.tocsc()[:, support].tocsr()[keep])
         ys.append(blk.y[keep])
     X, y = sp.vstack(rows).toarray().astype(np.float64), np.concatenate(ys)
-    ref = np.stack([np.logaddexp(0.0, -y * (X @ t[:-1] + t[-1])) for t in thetas], axis=1)
-    assert got.shape == ref.shape and got.shape[0] > 0
-    np.testing.assert_allclose(got, ref, rtol=1e-10)
-    assert got[:, 0].sum() / got.shape[0] == pytest.approx(prob.evaluate(thetas[0], "val", l2=0.0)[0], rel=1e-10)
+    losses = np.stack([np.logaddexp(0.0, -y * (X @ t[:-1] + t[-1])) for t in thetas], axis=1)
+    d = losses - losses[:, [1]]
+    np.testing.assert_allclose(mean, d.mean(axis=0), rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(se, d.std(axis=0, ddof=1) / np.sqrt(y.size), rtol=1e-7, atol=1e-12)
+    assert mean[1] == 0.0 and se[1] == 0.0 and y.size > 0
+    assert losses[:, 0].mean() == pytest.approx(prob.evaluate(thetas[0], "val", l2=0.0)[0], rel=1e-10)
 
 
 def test_validation_rows_are_seeded_per_block():
