@@ -194,10 +194,12 @@ def refit_options(on: bool, l2: float | None, iters: int | None, l1: str | None 
         except ValueError as e:
             fail(f"{l1_flag}: {e}", 2)
     if select is not None:
-        from pipeline.refit import SELECT_RULES
+        from pipeline.refit import parse_select
 
-        if select not in SELECT_RULES:
-            fail(f"{select_flag}: {select!r} is not one of {', '.join(SELECT_RULES)}", 2)
+        try:
+            parse_select(select)
+        except ValueError as e:
+            fail(f"{select_flag}: {e}", 2)
     return {k: v for k, v in (("l2", l2), ("max_iter", iters), ("l1", l1), ("kkt_rounds", kkt),
                               ("relax", relax or None), ("adaptive", None if adaptive else False), ("select", select))
             if v is not None}

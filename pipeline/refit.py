@@ -142,6 +142,14 @@ def parse_l1(text) -> float | str:
     return v
 
 
+def parse_select(name) -> str:
+    """A selection rule of the validated path as users write it: one of :data:`SELECT_RULES` (ValueError
+    otherwise)."""
+    if name not in SELECT_RULES:
+        raise ValueError(f"{name!r} is not one of {', '.join(SELECT_RULES)}")
+    return name
+
+
 def refit_loss(model, label_kind: str | None = None, loss: str | None = None) -> str:
     """The loss the refit uses: ``loss`` if given, else the model's when smooth, else logistic (squared for
     regression stores)."""
@@ -431,26 +439,24 @@ class RefitProblem:
         """Sum over all training blocks of :func:`block_task`'s vector, one task per chunk of ``self.chunk`` blocks
         (:func:`chunk_task`), the chunks' vectors added on the client in the fixed tree's order (:func:`tree_sum`,
         the engine's ``tree``: deterministic), not by more tasks (each one more round trip)."""
+        return self._over_chunks(chunk_task, w, float(bias), self.code, self.cache_bytes, self.split, part)
+
+    def _over_chunks(self, task, w, *args) -> np.ndarray:
+        """``task(data, lo, hi, S, sig, w, *args)`` for each chunk of ``self.chunk`` blocks, pinned to its worker,
+        with ``w`` shipped once (:meth:`_ship`); the chunks' arrays added in the fixed tree order (:func:`tree_sum`)."""
         n, c = len(self.data.keys), self.chunk
         k = -(-n // c)
         w = self._ship(w, k)
-        parts = [self.ex.submit_pinned(i, chunk_task, self.data, i * c, min(n, (i + 1) * c), self.sup_ref,
-                                       self.sig, w, float(bias), self.code, self.cache_bytes, self.split, part)
-                 for i in range(k)]
-        return tree_sum(self.ex.gather(parts))
+        return tree_sum(self.ex.gather([self.ex.submit_pinned(i, task, self.data, i * c, min(n, (i + 1) * c),
+                                                              self.sup_ref, self.sig, w, *args) for i in range(k)]))
 
     def paired(self, thetas: list, ref: int) -> tuple[np.ndarray, np.ndarray]:
         """(mean, standard error) over the validation rows of d_c = ℓ(thetas[c]) − ℓ(thetas[ref]) per row, for every
         c: one pass over the training blocks (needs a split), sums in the fixed tree order (:func:`paired_task`)."""
-        n, c = len(self.data.keys), self.chunk
-        k = -(-n // c)
-        W = self._ship(np.stack([np.asarray(t, dtype=np.float64)[:-1] for t in thetas], axis=1), k)
+        W = np.stack([np.asarray(t, dtype=np.float64)[:-1] for t in thetas], axis=1)
         biases = np.array([float(t[-1]) for t in thetas])
-        parts = [self.ex.submit_pinned(i, paired_task, self.data, i * c, min(n, (i + 1) * c), self.sup_ref,
-                                       self.sig, W, biases, int(ref), self.code, self.cache_bytes, self.split)
-                 for i in range(k)]
-        rows, s1, s2 = tree_sum(self.ex.gather(parts))
-        m = rows[0] if rows.size else 0.0
+        rows, s1, s2 = self._over_chunks(paired_task, W, biases, int(ref), self.code, self.cache_bytes, self.split)
+        m = rows[0]  # every column counts the same rows
         mean = s1 / max(m, 1.0)
         var = np.maximum(s2 - m * mean * mean, 0.0) / max(m - 1.0, 1.0)
         return mean, np.sqrt(var / max(m, 1.0))
@@ -783,8 +789,7 @@ def refit(model, store_path: str, client=None, l2: float = DEFAULT_L2, max_iter:
         raise ValueError(f"refit max_iter must be >= 1, got {max_iter}")
     if not (l1 == "auto" or (isinstance(l1, (int, float)) and l1 >= 0)):
         raise ValueError(f"refit l1 must be 'auto' or a number >= 0, got {l1!r}")
-    if select not in SELECT_RULES:
-        raise ValueError(f"refit select must be one of {', '.join(SELECT_RULES)}, got {select!r}")
+    parse_select(select)
     if l1 == "auto" and not 0 < validation < 1:
         raise ValueError(f"refit validation share must be in (0, 1), got {validation}")
     support = np.asarray(model.coef_indices, dtype=np.int64)

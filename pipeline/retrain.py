@@ -175,10 +175,9 @@ def load_job(path=None, overrides: dict | None = None, train_keys=None) -> JobCo
     ret = table("retention", {"keep"})
     val = Validation(**table("validation", {f.name for f in dataclasses.fields(Validation)}))
     from pipeline.ingest import IngestOptions
-
-    ing = table("ingest", {f.name for f in dataclasses.fields(IngestOptions)})
     from pipeline.refit import SELECT_RULES
 
+    ing = table("ingest", {f.name for f in dataclasses.fields(IngestOptions)})
     ref = table("refit", set(REFIT_KEYS))
     for k, v in ref.items():
         if not isinstance(v, REFIT_KEYS[k]) or (k == "l1" and isinstance(v, str) and v != "auto") \
