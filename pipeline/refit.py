@@ -488,22 +488,23 @@ def solve(prob: RefitProblem, x0, l1: float = 0.0, part: str = "all", max_iter: 
           tol: float = DEFAULT_TOL, active=None, weights=None, l2: float | None = None):
     """argmin over theta = [w, b] of F_part(w, b) + l1·Σ_j a_j·|w_j| by L-BFGS-B, from ``x0`` (a_j = ``weights``,
     default 1: the lasso; the adaptive lasso's weights otherwise; F at ``l2``, default the problem's); returns
-    (theta, scipy result).
+    (theta, scipy result; with l1 > 0 its ``nit`` summed over the working-set rounds, ``rounds`` and the final
+    ``working_set`` size added).
 
     The variables are z = s ⊙ w with s = :meth:`RefitProblem.precondition` (the square root of the Hessian's
     diagonal at its largest): L-BFGS-B is not scale-invariant, and columns of S differ by orders of magnitude in
     frequency. l1 > 0 (Meinshausen's relaxed lasso keeps an L1 penalty on S): the split z = u − v with u, v ≥ 0
-    makes the objective F((u − v)/s, b) + l1·Σ(u + v)/s smooth on a box, ∂/∂u = ∇_w F/s + l1/s,
-    ∂/∂v = −∇_w F/s + l1/s; at the optimum at most one of u_j, v_j is positive, and L-BFGS-B's projection leaves
-    the others at exactly 0. ``active`` (bool over S, l1 > 0): the other columns are held at exactly 0 (bounds
-    [0, 0]): the relaxed lasso's refit on a lasso solution's support.
+    makes the objective F((u − v)/s, b) + l1·Σ a_j(u + v)/s smooth on a box, ∂/∂u = ∇_w F/s + l1·a/s,
+    ∂/∂v = −∇_w F/s + l1·a/s; at the optimum at most one of u_j, v_j is positive, and L-BFGS-B's projection leaves
+    the others at exactly 0. ``active`` (bool over S, l1 > 0): the other columns are held at exactly 0 (the
+    relaxed lasso's refit on a lasso solution's support, the adaptive lasso's on w̃'s), and so are the columns
+    outside the working set (:func:`_working_set_solve`).
     """
-    from scipy.optimize import Bounds, minimize
+    from scipy.optimize import minimize
 
     x0 = np.asarray(x0, dtype=np.float64)
     sc = prob.precondition()
     opts = {"maxiter": int(max_iter), "gtol": float(tol), "ftol": 1e-12, "maxcor": 20}
-    n = x0.size - 1
     if l1 <= 0:
         def smooth(z):
             f, g = prob.evaluate(np.append(z[:-1] / sc, z[-1]), part, l2)
@@ -513,20 +514,67 @@ def solve(prob: RefitProblem, x0, l1: float = 0.0, part: str = "all", max_iter: 
         res = minimize(smooth, np.append(x0[:-1] * sc, x0[-1]), jac=True, method="L-BFGS-B", options=opts)
         return np.append(res.x[:-1] / sc, res.x[-1]), res
     pen = l1 / sc if weights is None else l1 * np.asarray(weights, dtype=np.float64) / sc
+    allowed = np.ones(x0.size - 1, dtype=bool) if active is None else np.asarray(active, dtype=bool)
+    return _working_set_solve(prob, x0, pen, allowed, sc, part, l2, opts)
 
-    def fun(z):
-        f, g = prob.evaluate(np.append((z[:n] - z[n:2 * n]) / sc, z[-1]), part, l2)
-        gw = g[:-1] / sc
-        return f + float(pen @ (z[:n] + z[n:2 * n])), np.concatenate([gw + pen, pen - gw, g[-1:]])
 
-    z0 = np.concatenate([np.maximum(x0[:-1], 0.0) * sc, np.maximum(-x0[:-1], 0.0) * sc, x0[-1:]])
-    upper = np.full(2 * n + 1, np.inf)
-    if active is not None:
-        off = np.tile(~np.asarray(active, dtype=bool), 2)
-        upper[:2 * n][off] = z0[:2 * n][off] = 0.0
-    lower = np.append(np.zeros(2 * n), -np.inf)
-    res = minimize(fun, z0, jac=True, method="L-BFGS-B", bounds=Bounds(lower, upper), options=opts)
-    return np.append((res.x[:n] - res.x[n:2 * n]) / sc, res.x[-1]), res
+def _working_set_solve(prob: RefitProblem, x0, pen, allowed, sc, part, l2, opts):
+    """The L1 solve of :func:`solve` on a working set W ⊆ ``allowed`` (glmnet's and celer's active-set strategy):
+    L-BFGS-B over the 2|W| + 1 variables of W only, the other columns at exactly 0; then the KKT check of every
+    allowed column outside W from the same full-S gradient (an evaluation returns it for all of S), and the
+    violators join W until there are none. W starts as supp(x0) and the columns violating the KKT conditions at
+    x0. A column j outside W at w_j = 0 violates them when (|∂F/∂w_j| − l1·a_j)/s_j > tol: its projected gradient
+    in the z-variables, L-BFGS-B's own stopping test. So the solution passes the test the solve over all of
+    ``allowed`` stops on, while L-BFGS-B's cost per iteration (O(maxcor·variables), and scipy's per-call
+    bounds conversion) follows the ~|supp| columns that matter, not |S|: 0.5M columns of S at 2k rows took
+    24 ms an iteration in L-BFGS-B alone against ~8 ms for the evaluation.
+    ``pen`` = l1·a/s per column of S; iterations (``opts["maxiter"]``) are shared by the rounds."""
+    from scipy.optimize import Bounds, minimize
+
+    tol, budget = opts["gtol"], opts["maxiter"]
+    last = {}
+
+    def evaluate(theta):  # the full-S evaluation, kept for the KKT check after the round
+        f, g = prob.evaluate(theta, part, l2)
+        last["theta"], last["g"] = theta, g
+        return f, g
+
+    def violation(g):
+        return (np.abs(g[:-1]) / sc - pen > tol) & allowed
+
+    x = x0.copy()
+    x[:-1][~allowed] = 0.0
+    work = allowed & ((x[:-1] != 0) | violation(evaluate(x)[1]))
+    nit, rounds = 0, 0
+    while True:
+        rounds += 1
+        idx = np.flatnonzero(work)
+        k, s_w, p_w = idx.size, sc[idx], pen[idx]
+
+        def fun(z):
+            theta = np.zeros_like(x)
+            theta[idx] = (z[:k] - z[k:2 * k]) / s_w
+            theta[-1] = z[-1]
+            f, g = evaluate(theta)
+            gw = g[idx] / s_w
+            return f + float(p_w @ (z[:k] + z[k:2 * k])), np.concatenate([gw + p_w, p_w - gw, g[-1:]])
+
+        w = x[idx] * s_w
+        z0 = np.concatenate([np.maximum(w, 0.0), np.maximum(-w, 0.0), x[-1:]])
+        bounds = Bounds(np.append(np.zeros(2 * k), -np.inf), np.full(2 * k + 1, np.inf))
+        res = minimize(fun, z0, jac=True, method="L-BFGS-B", bounds=bounds,
+                       options={**opts, "maxiter": max(1, budget - nit)})
+        nit += int(res.nit)
+        x = np.zeros_like(x)
+        x[idx] = (res.x[:k] - res.x[k:2 * k]) / s_w
+        x[-1] = res.x[-1]
+        g = last["g"] if np.array_equal(last["theta"], x) else evaluate(x)[1]
+        viol = violation(g) & ~work
+        if not viol.any() or nit >= budget:
+            break
+        work |= viol
+    res.nit, res.rounds, res.working_set = nit, rounds, int(work.sum())
+    return x, res
 
 
 def _scored(prob: RefitProblem, theta, res, l1: float, l1_select: float, phi: float = 1.0) -> dict:

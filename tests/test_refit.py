@@ -246,6 +246,35 @@ def test_l1_solve_equals_scikit_learn_l1_logistic_with_exact_zeros(small):
     assert (zeros == (np.abs(w_sk) < 1e-6)).mean() > 0.97  # the same support, up to saga's tolerance
 
 
+def test_l1_solve_on_a_working_set_reaches_the_optimum_over_all_of_S(small):
+    """The L1 solve runs on a working set (supp(x0) and the KKT violators at x0, grown by the violators after each
+    round): from a start whose support misses most of the solution's (a larger λ's solution), it still reaches
+    scikit-learn's optimum over all of S, it did take more than one round, and every column of S it holds at 0
+    passes the KKT test |∂F/∂w_j| ≤ l1 (to the solve's tolerance)."""
+    from pipeline.refit import solve
+
+    store, model = small
+    S = model.coef_indices
+    X, y = train_matrix(store, S)
+    prob = RefitProblem(store, S, l2=0.0)
+    start, _ = solve(prob, np.zeros(S.size + 1), 2e-2, max_iter=2000, tol=1e-10)
+    l1 = 1e-3
+    theta, res = solve(prob, start, l1, max_iter=3000, tol=1e-10)
+    assert np.count_nonzero(start[:-1]) < 0.5 * np.count_nonzero(theta[:-1])
+    assert res.rounds > 1 and res.working_set < S.size
+    sk = l1_logistic(1.0 / (y.size * l1), "saga", tol=1e-10, max_iter=100000).fit(X, y)
+
+    def objective(w, b):
+        return np.mean(np.logaddexp(0.0, -y * (X @ w + b))) + l1 * np.abs(w).sum()
+
+    w_sk = sk.coef_.ravel()
+    assert objective(theta[:-1], theta[-1]) <= objective(w_sk, sk.intercept_[0]) + 1e-9
+    np.testing.assert_allclose(theta[:-1], w_sk, atol=2e-3 * np.abs(w_sk).max())
+    _, g = prob.evaluate(theta)
+    zero = theta[:-1] == 0.0
+    assert zero.any() and np.all(np.abs(g[:-1][zero]) <= l1 + 1e-10 * prob.precondition()[zero])
+
+
 def test_kkt_rounds_reach_the_l1_optimum_over_all_columns(small, client):
     """From a support that misses columns of the L1 solution, the KKT check finds violators (report only: the
     model is the restricted one) and the expansion rounds reach the optimum over every column: scikit-learn's on
