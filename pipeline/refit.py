@@ -16,7 +16,8 @@ Every function evaluation is exact and full-batch: a map over the store's traini
 never read), each task computing the block's loss sum and gradient restricted to S with a numba kernel
 (:mod:`pipeline.kernels.refit`), one task per chunk of blocks on the engine's executors, the chunks' vectors
 added on the client in the engine tree's fixed order (:func:`tree_sum`: deterministic); scipy's L-BFGS-B runs on
-the client in |S| + 1 dimensions, started from the sparse model's own weights. Each worker compacts a block to the
+the client in |S| + 1 dimensions (an L1 solve: on a working set of S's columns grown by KKT checks,
+:func:`_working_set_solve`), started from the sparse model's own weights. Each worker compacts a block to the
 columns of S once and keeps it (keyed by store, manifest version, block and a hash of S, bounded in bytes), so
 later evaluations cost O(non-zeros in S). The validated path's l2 segments run in threads of their own
 (:func:`_lasso_segments`), each evaluation's waits on the workers filled by the other's.
@@ -229,13 +230,57 @@ def validation_rows(n_rows: int, fraction: float, seed: int, b: int) -> np.ndarr
     return np.random.default_rng([int(seed), int(b), 0x5e1ec7]).random(n_rows) < fraction
 
 
+def _pieces(arrays, part: str) -> list:
+    """The (cindptr, cidx, cval, y) 4-tuples of a compacted block (:func:`compacted`) holding the rows of ``part``:
+    "fit", "val" (with a split) or "all" (without a split every part is all rows)."""
+    if len(arrays) == 4:
+        return [arrays]
+    return {"fit": [arrays[:4]], "val": [arrays[4:]], "all": [arrays[:4], arrays[4:]]}[part]
+
+
+_RESTRICT: dict = {}  # W's signature -> {block's key: restricted arrays}, the most recently used W last
+RESTRICT_KEEP = 4  # working sets a worker keeps: each l2 segment's current one and the one before
+
+
+def restricted(data, b: int, support, sig: str, cols, csig: str, cache_bytes: int, split, part: str) -> list:
+    """:func:`_pieces` of block ``b``'s compaction to S restricted further to the columns at positions ``cols`` of S
+    (a working set W, :func:`K.restrict_columns`). Cached per worker for the last RESTRICT_KEEP working sets
+    (an L1 solve's rounds and the path's points each have their W, the two l2 segments run side by side; an
+    older W is not asked for again), within ``cache_bytes`` in all (0: no cache)."""
+    key = (data.store, data.version, data.keys[b], sig, part, float(split[0]), int(split[1]))
+    with _BITS_LOCK:
+        blocks = _RESTRICT.pop(csig, None)
+        if blocks is not None:
+            _RESTRICT[csig] = blocks
+        arrays = None if blocks is None else blocks.get(key)
+    if arrays is None:
+        pos = np.full(len(support), -1, dtype=np.int32)
+        pos[np.asarray(cols, dtype=np.int64)] = np.arange(len(cols), dtype=np.int32)
+        arrays = [(*K.restrict_columns(ci, cj, cv, pos), y)
+                  for ci, cj, cv, y in _pieces(compacted(data, b, support, sig, cache_bytes, split), part)]
+        with _BITS_LOCK:
+            _RESTRICT.setdefault(csig, {})[key] = arrays
+            _RESTRICT[csig] = _RESTRICT.pop(csig)
+            while len(_RESTRICT) > RESTRICT_KEEP or (len(_RESTRICT) > 1 and _restricted_bytes() > cache_bytes):
+                _RESTRICT.pop(next(iter(_RESTRICT)))
+            if _restricted_bytes() > cache_bytes:
+                _RESTRICT.clear()
+    return arrays
+
+
+def _restricted_bytes() -> int:
+    return sum(a.nbytes for blocks in _RESTRICT.values() for pieces in blocks.values() for p in pieces for a in p)
+
+
 def block_task(data, b: int, support, sig: str, w, bias: float, code: int, cache_bytes: int,
-               split=(0.0, 0), part: str = "all") -> np.ndarray:
+               split=(0.0, 0), part: str = "all", cols=None, csig: str | None = None) -> np.ndarray:
     """One block's partial sums as one vector: [Σ loss, Σ ℓ' (bias gradient), rows, Σ loss², Σ ℓ'·x_S (s entries)], over
-    the block's rows of ``part``: "fit", "val" (with a split) or "all"."""
-    arrays = compacted(data, b, support, sig, cache_bytes, split)
-    pieces = [arrays] if len(arrays) == 4 else {"fit": [arrays[:4]], "val": [arrays[4:]],
-                                                  "all": [arrays[:4], arrays[4:]]}[part]
+    the block's rows of ``part``: "fit", "val" (with a split) or "all". With ``cols`` (positions in S, signature
+    ``csig``): w and the gradient are on those columns only, the others held at 0 (:func:`restricted`)."""
+    if cols is None:
+        pieces = _pieces(compacted(data, b, support, sig, cache_bytes, split), part)
+    else:
+        pieces = restricted(data, b, support, sig, cols, csig, cache_bytes, split, part)
     w = np.asarray(w, dtype=np.float64)
     out = np.zeros(4 + len(w), dtype=np.float64)
     grad = np.empty(len(w), dtype=np.float64)
@@ -430,23 +475,31 @@ class RefitProblem:
         ~80 on 2 workers), else scattered to the workers once."""
         from pipeline.engine import LARGE_ARG
 
-        w = np.asarray(w, dtype=np.float64)
+        w = np.ascontiguousarray(w)
         if self.client is not None and w.nbytes * copies > LARGE_ARG:
             w = self.client.scatter(w, broadcast=True, hash=False)
         return w
 
-    def sums(self, w, bias, part: str = "all") -> np.ndarray:
+    def sums(self, w, bias, part: str = "all", cols=None) -> np.ndarray:
         """Sum over all training blocks of :func:`block_task`'s vector, one task per chunk of ``self.chunk`` blocks
         (:func:`chunk_task`), the chunks' vectors added on the client in the fixed tree's order (:func:`tree_sum`,
-        the engine's ``tree``: deterministic), not by more tasks (each one more round trip)."""
-        return self._over_chunks(chunk_task, w, float(bias), self.code, self.cache_bytes, self.split, part)
+        the engine's ``tree``: deterministic), not by more tasks (each one more round trip). ``cols``: w is on
+        those positions of S only (sorted int64), the others 0."""
+        extra = ()
+        if cols is not None:
+            cols = np.ascontiguousarray(cols, dtype=np.int64)
+            extra = (cols, support_signature(cols, self.support.size))
+        return self._over_chunks(chunk_task, np.asarray(w, dtype=np.float64), float(bias), self.code,
+                                 self.cache_bytes, self.split, part, *extra)
 
     def _over_chunks(self, task, w, *args) -> np.ndarray:
         """``task(data, lo, hi, S, sig, w, *args)`` for each chunk of ``self.chunk`` blocks, pinned to its worker,
-        with ``w`` shipped once (:meth:`_ship`); the chunks' arrays added in the fixed tree order (:func:`tree_sum`)."""
+        with ``w`` and any array among ``args`` shipped once (:meth:`_ship`); the chunks' arrays added in the fixed
+        tree order (:func:`tree_sum`)."""
         n, c = len(self.data.keys), self.chunk
         k = -(-n // c)
         w = self._ship(w, k)
+        args = tuple(self._ship(a, k) if isinstance(a, np.ndarray) else a for a in args)
         return tree_sum(self.ex.gather([self.ex.submit_pinned(i, task, self.data, i * c, min(n, (i + 1) * c),
                                                               self.sup_ref, self.sig, w, *args) for i in range(k)]))
 
@@ -461,15 +514,17 @@ class RefitProblem:
         var = np.maximum(s2 - m * mean * mean, 0.0) / max(m - 1.0, 1.0)
         return mean, np.sqrt(var / max(m, 1.0))
 
-    def evaluate(self, theta, part: str = "all", l2: float | None = None) -> tuple[float, np.ndarray]:
+    def evaluate(self, theta, part: str = "all", l2: float | None = None, cols=None) -> tuple[float, np.ndarray]:
         """F and ∇F at theta = [w (|S| entries), bias], over the rows of ``part`` (see :func:`block_task`), with
-        the problem's l2 or the given one (the validated path tries several)."""
+        the problem's l2 or the given one (the validated path tries several). With ``cols`` (sorted positions in
+        S): w has an entry per column of ``cols``, every other column of S is 0, and ∇F is on ``cols`` only, at
+        the cost of their non-zeros (:func:`restricted`)."""
         if self.cancelled.is_set():
             raise RuntimeError("refit cancelled")
         t0 = time.perf_counter()
         theta = np.asarray(theta, dtype=np.float64)
         w, bias = theta[:-1], theta[-1]
-        tot = self.sums(w, bias, part)
+        tot = self.sums(w, bias, part, cols)
         n = tot[2]
         l2 = self.l2 if l2 is None else l2
         f = tot[0] / n + 0.5 * l2 * float(w @ w)
@@ -520,31 +575,27 @@ def solve(prob: RefitProblem, x0, l1: float = 0.0, part: str = "all", max_iter: 
 
 def _working_set_solve(prob: RefitProblem, x0, pen, allowed, sc, part, l2, opts):
     """The L1 solve of :func:`solve` on a working set W ⊆ ``allowed`` (glmnet's and celer's active-set strategy):
-    L-BFGS-B over the 2|W| + 1 variables of W only, the other columns at exactly 0; then the KKT check of every
-    allowed column outside W from the same full-S gradient (an evaluation returns it for all of S), and the
-    violators join W until there are none. W starts as supp(x0) and the columns violating the KKT conditions at
-    x0. A column j outside W at w_j = 0 violates them when (|∂F/∂w_j| − l1·a_j)/s_j > tol: its projected gradient
-    in the z-variables, L-BFGS-B's own stopping test. So the solution passes the test the solve over all of
-    ``allowed`` stops on, while L-BFGS-B's cost per iteration (O(maxcor·variables), and scipy's per-call
-    bounds conversion) follows the ~|supp| columns that matter, not |S|: 0.5M columns of S at 2k rows took
+    L-BFGS-B over the 2|W| + 1 variables of W only, each evaluation restricted to W's columns (the others at
+    exactly 0: :meth:`RefitProblem.evaluate` with ``cols``, the cost of W's non-zeros); then one evaluation over
+    all of S at the solution checks the KKT conditions of every allowed column outside W, and the violators join
+    W until there are none. W starts as supp(x0) and the columns violating the KKT conditions at x0. A column j
+    outside W at w_j = 0 violates them when (|∂F/∂w_j| − l1·a_j)/s_j > tol: its projected gradient in the
+    z-variables, L-BFGS-B's own stopping test. So the solution passes the test the solve over all of ``allowed``
+    stops on, while L-BFGS-B's cost per iteration (O(maxcor·variables), and scipy's per-call bounds conversion)
+    and the evaluations' follow the ~|supp| columns that matter, not |S|: 0.5M columns of S at 2k rows took
     24 ms an iteration in L-BFGS-B alone against ~8 ms for the evaluation.
     ``pen`` = l1·a/s per column of S; iterations (``opts["maxiter"]``) are shared by the rounds."""
     from scipy.optimize import Bounds, minimize
 
     tol, budget = opts["gtol"], opts["maxiter"]
-    last = {}
 
-    def evaluate(theta):  # the full-S evaluation, kept for the KKT check after the round
-        f, g = prob.evaluate(theta, part, l2)
-        last["theta"], last["g"] = theta, g
-        return f, g
-
-    def violation(g):
+    def violation(x):
+        g = prob.evaluate(x, part, l2)[1]
         return (np.abs(g[:-1]) / sc - pen > tol) & allowed
 
     x = x0.copy()
     x[:-1][~allowed] = 0.0
-    work = allowed & ((x[:-1] != 0) | violation(evaluate(x)[1]))
+    work = allowed & ((x[:-1] != 0) | violation(x))
     nit, rounds = 0, 0
     while True:
         rounds += 1
@@ -552,11 +603,8 @@ def _working_set_solve(prob: RefitProblem, x0, pen, allowed, sc, part, l2, opts)
         k, s_w, p_w = idx.size, sc[idx], pen[idx]
 
         def fun(z):
-            theta = np.zeros_like(x)
-            theta[idx] = (z[:k] - z[k:2 * k]) / s_w
-            theta[-1] = z[-1]
-            f, g = evaluate(theta)
-            gw = g[idx] / s_w
+            f, g = prob.evaluate(np.append((z[:k] - z[k:2 * k]) / s_w, z[-1]), part, l2, cols=idx)
+            gw = g[:-1] / s_w
             return f + float(p_w @ (z[:k] + z[k:2 * k])), np.concatenate([gw + p_w, p_w - gw, g[-1:]])
 
         w = x[idx] * s_w
@@ -568,9 +616,10 @@ def _working_set_solve(prob: RefitProblem, x0, pen, allowed, sc, part, l2, opts)
         x = np.zeros_like(x)
         x[idx] = (res.x[:k] - res.x[k:2 * k]) / s_w
         x[-1] = res.x[-1]
-        g = last["g"] if np.array_equal(last["theta"], x) else evaluate(x)[1]
-        viol = violation(g) & ~work
-        if not viol.any() or nit >= budget:
+        if nit >= budget:
+            break
+        viol = violation(x) & ~work
+        if not viol.any():
             break
         work |= viol
     res.nit, res.rounds, res.working_set = nit, rounds, int(work.sum())

@@ -137,6 +137,49 @@ def test_narrow_column_positions_give_the_same_sums_bit_for_bit():
     np.testing.assert_array_equal(g_narrow, g_wide)
 
 
+def test_restrict_columns_equals_numpy_column_selection():
+    """K.restrict_columns keeps the entries of a compacted block whose position is in W and renumbers them to W's
+    positions: scipy's column selection X[:, W] (same rows, same entries in the same order)."""
+    rng = np.random.default_rng(7)
+    X = sp.random(60, 40, density=0.3, random_state=4, format="csr", dtype=np.float32)
+    ip = X.indptr.astype(np.int64)
+    for cols in (np.array([], dtype=np.int64), np.array([0, 39]), np.flatnonzero(rng.random(40) < 0.4)):
+        for like in (np.int32, np.uint16):
+            pos = np.full(40, -1, dtype=np.int32)
+            pos[cols] = np.arange(cols.size, dtype=np.int32)
+            rp, ri, rv = K.restrict_columns(ip, X.indices.astype(like), X.data, pos)
+            ref = X[:, cols].tocsr()
+            ref.sort_indices()
+            np.testing.assert_array_equal(rp, ref.indptr)
+            np.testing.assert_array_equal(ri, ref.indices)
+            np.testing.assert_array_equal(rv, ref.data)
+            assert ri.dtype == like
+
+
+def test_an_evaluation_restricted_to_columns_equals_the_full_one_with_zeros_elsewhere(small, client):
+    """evaluate(theta_W, cols=W) (the L1 solve's working set) sums over W's non-zeros only: the loss and the
+    gradient on W equal the evaluation over all of S with w = 0 outside W, bit for bit on the loss sums, on the
+    cluster and in process, with and without the validation split."""
+    store, model = small
+    S = model.coef_indices
+    rng = np.random.default_rng(11)
+    cols = np.flatnonzero(rng.random(S.size) < 0.3)
+    theta = np.zeros(S.size + 1)
+    theta[cols] = rng.standard_normal(cols.size)
+    theta[-1] = -0.3
+    for c in (client, None):
+        for split, part in (((0.0, 0), "all"), ((0.2, 3), "fit"), ((0.2, 3), "val")):
+            prob = RefitProblem(store, S, l2=1e-3, client=c, split=split)
+            full = prob.sums(theta[:-1], theta[-1], part)
+            sub = prob.sums(theta[cols], theta[-1], part, cols)
+            assert sub[:4].tobytes() == full[:4].tobytes()
+            np.testing.assert_array_equal(sub[4:], full[4:][cols])
+            f, g = prob.evaluate(np.append(theta[cols], theta[-1]), part, cols=cols)
+            f_full, g_full = prob.evaluate(theta, part)
+            np.testing.assert_allclose(f, f_full, rtol=1e-14)
+            np.testing.assert_allclose(g, np.append(g_full[:-1][cols], g_full[-1]), rtol=1e-12, atol=1e-15)
+
+
 @pytest.mark.parametrize("loss", ["logistic", "squared"])
 def test_objective_and_gradient_over_the_store_equal_numpy(small, client, loss):
     store, model = small

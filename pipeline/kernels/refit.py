@@ -121,6 +121,32 @@ def row_losses(cindptr, cidx, cval, y, W, biases, code, out):
 
 
 @numba.njit(cache=True, nogil=True)
+def restrict_columns(cindptr, cidx, cval, pos):
+    """A compacted block restricted further to a subset W of S: the entries whose position p in S has
+    ``pos[p]`` ≥ 0, renumbered to ``pos[p]`` (W's own positions 0..|W|-1; int32[s], −1 outside W), in the same
+    order. Returns (indptr int64[n_rows + 1], idx of ``cidx``'s dtype, val). Summing over it is summing over the
+    block with w = 0 outside W, the same terms in the same order."""
+    n_rows = cindptr.shape[0] - 1
+    m = 0
+    for k in range(cindptr[0], cindptr[n_rows]):
+        if pos[cidx[k]] >= 0:
+            m += 1
+    indptr = np.zeros(n_rows + 1, dtype=np.int64)
+    idx = np.empty(m, dtype=cidx.dtype)
+    val = np.empty(m, dtype=cval.dtype)
+    m = 0
+    for i in range(n_rows):
+        for k in range(cindptr[i], cindptr[i + 1]):
+            q = pos[cidx[k]]
+            if q >= 0:
+                idx[m] = q
+                val[m] = cval[k]
+                m += 1
+        indptr[i + 1] = m
+    return indptr, idx, val
+
+
+@numba.njit(cache=True, nogil=True)
 def take_rows(cindptr, cidx, cval, rows):
     """The sub-CSR of the given rows (int64, increasing): (indptr int64[len(rows) + 1], idx, val)."""
     m = 0
