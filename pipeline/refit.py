@@ -19,7 +19,7 @@ added on the client in the engine tree's fixed order (:func:`tree_sum`: determin
 the client in |S| + 1 dimensions (an L1 solve: on a working set of S's columns grown by KKT checks,
 :func:`_working_set_solve`), started from the sparse model's own weights. Each worker compacts a block to the
 columns of S once and keeps it (keyed by store, manifest version, block and a hash of S, bounded in bytes), so
-later evaluations cost O(non-zeros in S). The validated path's l2 segments run in threads of their own
+later evaluations cost O(non-zeros in S), or in a working set W ⊆ S (:func:`restricted`). The validated path's l2 segments run in threads of their own
 (:func:`_lasso_segments`), each evaluation's waits on the workers filled by the other's.
 
 Loss: the model's training loss when it is smooth (logistic, squared); a model trained with hinge loss (or
@@ -582,8 +582,8 @@ def _working_set_solve(prob: RefitProblem, x0, pen, allowed, sc, part, l2, opts)
     outside W at w_j = 0 violates them when (|∂F/∂w_j| − l1·a_j)/s_j > tol: its projected gradient in the
     z-variables, L-BFGS-B's own stopping test. So the solution passes the test the solve over all of ``allowed``
     stops on, while L-BFGS-B's cost per iteration (O(maxcor·variables), and scipy's per-call bounds conversion)
-    and the evaluations' follow the ~|supp| columns that matter, not |S|: 0.5M columns of S at 2k rows took
-    24 ms an iteration in L-BFGS-B alone against ~8 ms for the evaluation.
+    and each evaluation's follow the ~|supp| columns that matter, not |S| (0.5M columns of S at 2k rows: 24 ms an
+    iteration in L-BFGS-B alone against ~8 ms for the evaluation over S).
     ``pen`` = l1·a/s per column of S; iterations (``opts["maxiter"]``) are shared by the rounds."""
     from scipy.optimize import Bounds, minimize
 

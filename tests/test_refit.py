@@ -294,6 +294,7 @@ def test_l1_solve_on_a_working_set_reaches_the_optimum_over_all_of_S(small):
     round): from a start whose support misses most of the solution's (a larger λ's solution), it still reaches
     scikit-learn's optimum over all of S, it did take more than one round, and every column of S it holds at 0
     passes the KKT test |∂F/∂w_j| ≤ l1 (to the solve's tolerance)."""
+    from pipeline import refit as R
     from pipeline.refit import solve
 
     store, model = small
@@ -305,6 +306,7 @@ def test_l1_solve_on_a_working_set_reaches_the_optimum_over_all_of_S(small):
     theta, res = solve(prob, start, l1, max_iter=3000, tol=1e-10)
     assert np.count_nonzero(start[:-1]) < 0.5 * np.count_nonzero(theta[:-1])
     assert res.rounds > 1 and res.working_set < S.size
+    assert 0 < len(R._RESTRICT) <= R.RESTRICT_KEEP  # the worker (here: this process) keeps the last few W only
     sk = l1_logistic(1.0 / (y.size * l1), "saga", tol=1e-10, max_iter=100000).fit(X, y)
 
     def objective(w, b):
