@@ -616,10 +616,13 @@ def _working_set_solve(prob: RefitProblem, x0, pen, allowed, sc, part, l2, opts)
         x = np.zeros_like(x)
         x[idx] = (res.x[:k] - res.x[k:2 * k]) / s_w
         x[-1] = res.x[-1]
-        if nit >= budget:
+        if nit >= budget and not res.success:
             break
         viol = violation(x) & ~work
         if not viol.any():
+            break
+        if nit >= budget:  # converged on W with the last iteration, but W was not the whole support
+            res.success, res.message = False, "ITERATION LIMIT REACHED WITH KKT VIOLATORS OUTSIDE THE WORKING SET"
             break
         work |= viol
     res.nit, res.rounds, res.working_set = nit, rounds, int(work.sum())

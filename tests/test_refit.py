@@ -320,6 +320,28 @@ def test_l1_solve_on_a_working_set_reaches_the_optimum_over_all_of_S(small):
     assert zero.any() and np.all(np.abs(g[:-1][zero]) <= l1 + 1e-10 * prob.precondition()[zero])
 
 
+def test_a_working_set_solve_reported_converged_passes_the_kkt_test_on_all_of_S(small):
+    """Whatever the iteration budget, an L1 solve that reports success satisfies the KKT conditions on every column
+    of S (not only on its working set), and one that does not is never reported converged."""
+    from pipeline.refit import solve
+
+    store, model = small
+    S = model.coef_indices
+    prob = RefitProblem(store, S, l2=0.0)
+    start, _ = solve(prob, np.zeros(S.size + 1), 2e-2, max_iter=2000, tol=1e-8)
+    l1, tol, sc = 1e-3, 1e-6, prob.precondition()
+    seen = set()
+    for budget in (1, 3, 10, 30, 100, 1000):
+        theta, res = solve(prob, start, l1, max_iter=budget, tol=tol)
+        g = prob.evaluate(theta)[1][:-1]
+        zero = theta[:-1] == 0.0
+        kkt = bool(np.all(np.abs(g[zero]) / sc[zero] - l1 / sc[zero] <= tol))
+        assert not res.success or kkt
+        assert res.nit <= budget
+        seen.add(bool(res.success))
+    assert seen == {False, True}
+
+
 def test_kkt_rounds_reach_the_l1_optimum_over_all_columns(small, client):
     """From a support that misses columns of the L1 solution, the KKT check finds violators (report only: the
     model is the restricted one) and the expansion rounds reach the optimum over every column: scikit-learn's on
