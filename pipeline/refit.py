@@ -38,6 +38,7 @@ from __future__ import annotations
 import hashlib
 import threading
 import time
+from collections import OrderedDict
 
 import numpy as np
 
@@ -238,38 +239,34 @@ def _pieces(arrays, part: str) -> list:
     return {"fit": [arrays[:4]], "val": [arrays[4:]], "all": [arrays[:4], arrays[4:]]}[part]
 
 
-_RESTRICT: dict = {}  # W's signature -> {block's key: restricted arrays}, the most recently used W last
+_RESTRICT: OrderedDict = OrderedDict()  # W's signature -> a BlockCache of its restricted blocks, most recent last
 RESTRICT_KEEP = 4  # working sets a worker keeps: each l2 segment's current one and the one before
 
 
 def restricted(data, b: int, support, sig: str, cols, csig: str, cache_bytes: int, split, part: str) -> list:
     """:func:`_pieces` of block ``b``'s compaction to S restricted further to the columns at positions ``cols`` of S
-    (a working set W, :func:`K.restrict_columns`). Cached per worker for the last RESTRICT_KEEP working sets
-    (an L1 solve's rounds and the path's points each have their W, the two l2 segments run side by side; an
-    older W is not asked for again), within ``cache_bytes`` in all (0: no cache)."""
-    key = (data.store, data.version, data.keys[b], sig, part, float(split[0]), int(split[1]))
+    (a working set W, :func:`K.restrict_columns`). Cached per worker for the last RESTRICT_KEEP working sets, each
+    in a :class:`pipeline.engine.BlockCache` of ``cache_bytes`` / RESTRICT_KEEP (an L1 solve's rounds and the
+    path's points each have their W, the two l2 segments run side by side; an older W is not asked for again)."""
+    from pipeline.engine import BlockCache
+
     with _BITS_LOCK:
-        blocks = _RESTRICT.pop(csig, None)
-        if blocks is not None:
-            _RESTRICT[csig] = blocks
-        arrays = None if blocks is None else blocks.get(key)
-    if arrays is None:
+        cache = _RESTRICT.get(csig)
+        if cache is None:
+            cache = _RESTRICT[csig] = BlockCache()
+            while len(_RESTRICT) > RESTRICT_KEEP:
+                _RESTRICT.popitem(last=False)
+        _RESTRICT.move_to_end(csig)
+
+    def build():
         pos = np.full(len(support), -1, dtype=np.int32)
         pos[np.asarray(cols, dtype=np.int64)] = np.arange(len(cols), dtype=np.int32)
-        arrays = [(*K.restrict_columns(ci, cj, cv, pos), y)
-                  for ci, cj, cv, y in _pieces(compacted(data, b, support, sig, cache_bytes, split), part)]
-        with _BITS_LOCK:
-            _RESTRICT.setdefault(csig, {})[key] = arrays
-            _RESTRICT[csig] = _RESTRICT.pop(csig)
-            while len(_RESTRICT) > RESTRICT_KEEP or (len(_RESTRICT) > 1 and _restricted_bytes() > cache_bytes):
-                _RESTRICT.pop(next(iter(_RESTRICT)))
-            if _restricted_bytes() > cache_bytes:
-                _RESTRICT.clear()
-    return arrays
+        return tuple(a for ci, cj, cv, y in _pieces(compacted(data, b, support, sig, cache_bytes, split), part)
+                     for a in (*K.restrict_columns(ci, cj, cv, pos), y))
 
-
-def _restricted_bytes() -> int:
-    return sum(a.nbytes for blocks in _RESTRICT.values() for pieces in blocks.values() for p in pieces for a in p)
+    key = (data.store, data.version, data.keys[b], sig, part, float(split[0]), int(split[1]))
+    arrays = cache.get(key, build, cache_bytes // RESTRICT_KEEP)
+    return [arrays[i:i + 4] for i in range(0, len(arrays), 4)]
 
 
 def block_task(data, b: int, support, sig: str, w, bias: float, code: int, cache_bytes: int,
@@ -484,22 +481,24 @@ class RefitProblem:
         """Sum over all training blocks of :func:`block_task`'s vector, one task per chunk of ``self.chunk`` blocks
         (:func:`chunk_task`), the chunks' vectors added on the client in the fixed tree's order (:func:`tree_sum`,
         the engine's ``tree``: deterministic), not by more tasks (each one more round trip). ``cols``: w is on
-        those positions of S only (sorted int64), the others 0."""
-        extra = ()
-        if cols is not None:
-            cols = np.ascontiguousarray(cols, dtype=np.int64)
-            extra = (cols, support_signature(cols, self.support.size))
-        return self._over_chunks(chunk_task, np.asarray(w, dtype=np.float64), float(bias), self.code,
-                                 self.cache_bytes, self.split, part, *extra)
+        those positions of S only (sorted), the others 0; :meth:`columns`' handle, or the positions themselves."""
+        extra = () if cols is None else cols if isinstance(cols, tuple) else self.columns(cols)
+        return self._over_chunks(chunk_task, w, float(bias), self.code, self.cache_bytes, self.split, part, *extra)
+
+    def columns(self, cols) -> tuple:
+        """A working set W ⊆ S (sorted positions in S) for :meth:`sums` / :meth:`evaluate`: (positions, shipped
+        as :meth:`_ship` ships w, and their signature), prepared once for the evaluations of an L1 solve's round."""
+        cols = np.ascontiguousarray(cols, dtype=np.int64)
+        return self._ship(cols, self._tasks()), support_signature(cols, self.support.size)
+
+    def _tasks(self) -> int:
+        return -(-len(self.data.keys) // self.chunk)
 
     def _over_chunks(self, task, w, *args) -> np.ndarray:
         """``task(data, lo, hi, S, sig, w, *args)`` for each chunk of ``self.chunk`` blocks, pinned to its worker,
-        with ``w`` and any array among ``args`` shipped once (:meth:`_ship`); the chunks' arrays added in the fixed
-        tree order (:func:`tree_sum`)."""
-        n, c = len(self.data.keys), self.chunk
-        k = -(-n // c)
-        w = self._ship(w, k)
-        args = tuple(self._ship(a, k) if isinstance(a, np.ndarray) else a for a in args)
+        with ``w`` shipped once (:meth:`_ship`); the chunks' arrays added in the fixed tree order (:func:`tree_sum`)."""
+        n, c, k = len(self.data.keys), self.chunk, self._tasks()
+        w = self._ship(np.asarray(w, dtype=np.float64), k)
         return tree_sum(self.ex.gather([self.ex.submit_pinned(i, task, self.data, i * c, min(n, (i + 1) * c),
                                                               self.sup_ref, self.sig, w, *args) for i in range(k)]))
 
@@ -517,8 +516,8 @@ class RefitProblem:
     def evaluate(self, theta, part: str = "all", l2: float | None = None, cols=None) -> tuple[float, np.ndarray]:
         """F and ∇F at theta = [w (|S| entries), bias], over the rows of ``part`` (see :func:`block_task`), with
         the problem's l2 or the given one (the validated path tries several). With ``cols`` (sorted positions in
-        S): w has an entry per column of ``cols``, every other column of S is 0, and ∇F is on ``cols`` only, at
-        the cost of their non-zeros (:func:`restricted`)."""
+        S, or :meth:`columns`' handle of them): w has an entry per column of ``cols``, every other column of S is
+        0, and ∇F is on ``cols`` only, at the cost of their non-zeros (:func:`restricted`)."""
         if self.cancelled.is_set():
             raise RuntimeError("refit cancelled")
         t0 = time.perf_counter()
@@ -600,10 +599,10 @@ def _working_set_solve(prob: RefitProblem, x0, pen, allowed, sc, part, l2, opts)
     while True:
         rounds += 1
         idx = np.flatnonzero(work)
-        k, s_w, p_w = idx.size, sc[idx], pen[idx]
+        k, s_w, p_w, cols = idx.size, sc[idx], pen[idx], prob.columns(idx)
 
         def fun(z):
-            f, g = prob.evaluate(np.append((z[:k] - z[k:2 * k]) / s_w, z[-1]), part, l2, cols=idx)
+            f, g = prob.evaluate(np.append((z[:k] - z[k:2 * k]) / s_w, z[-1]), part, l2, cols=cols)
             gw = g[:-1] / s_w
             return f + float(p_w @ (z[:k] + z[k:2 * k])), np.concatenate([gw + p_w, p_w - gw, g[-1:]])
 
