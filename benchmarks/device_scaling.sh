@@ -43,8 +43,13 @@ python3 -m benchmarks.webspam --rows "$rows" --workers "$(nproc)" --algos "" --v
     --work "$PWD/.scaling-work"
 python3 - "$SPARSEPIPE_BENCH_OUT/webspam.json" <<'PY'
 import json, sys
-runs = [m for m in json.load(open(sys.argv[1]))["models"] if m["model"].startswith("stsgd")]
+r = json.load(open(sys.argv[1]))
+steps = {s["step"]: s for s in r["steps"]}
+runs = [m for m in r["models"] if m["model"].startswith("stsgd")]
 for m in runs:
-    print(f"{m['model']}: train {m['train_wall_s']} s = {m['train_wall_s'] / runs[0]['train_wall_s']:.2f}x the first, "
-          f"holdout error {m['error']:.4f}, recall {m['recall']:.3f}")
+    s = steps[f"train {m['model']}"]
+    print(f"{m['model']}: train {m['train_wall_s']} s = {m['train_wall_s'] / runs[0]['train_wall_s']:.2f}x the first "
+          f"(learner {s['train_s']} s), peak of one process {s['peak_rss_gb']} GB RSS / {s['peak_uss_gb']} GB USS, "
+          f"all {s['processes']} processes together {s['peak_total_pss_gb']} GB PSS; holdout error {m['error']:.4f}, "
+          f"recall {m['recall']:.3f}")
 PY

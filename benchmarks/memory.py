@@ -103,6 +103,7 @@ class ProcessSampler:
         self.role, self.every = role, every
         self.t0 = time.perf_counter()
         self.samples: dict[int, list] = {}  # pid -> [(t, rss, pss, uss)]
+        self.totals: list[tuple] = []  # per sweep over the tree: (t, sum of rss, sum of pss, sum of uss)
         self.names: dict[int, str] = {}
         self.marks: list[tuple[float, str]] = []
         self._stop = threading.Event()
@@ -120,6 +121,7 @@ class ProcessSampler:
                 procs = [self.root] + self.root.children(recursive=True)
             except psutil.Error:
                 break
+            total = np.zeros(3)
             for p in procs:
                 try:
                     if p.pid not in self.names:
@@ -131,6 +133,8 @@ class ProcessSampler:
                 except psutil.Error:
                     continue
                 self.samples.setdefault(p.pid, []).append((self.now(), mi.rss, getattr(mi, "pss", 0), mi.uss))
+                total += (mi.rss, getattr(mi, "pss", 0), mi.uss)
+            self.totals.append((self.now(), *total))
             self._stop.wait(self.every)
 
     def stop(self):

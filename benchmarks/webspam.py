@@ -37,7 +37,8 @@ from benchmarks.memory import ProcessSampler
 
 
 class PeakMemory(ProcessSampler):
-    """The largest RSS and USS over a process and its descendants, sampled every ``every`` seconds."""
+    """The largest RSS and USS of one process among a process and its descendants, and the largest sum of their PSS
+    (the whole tree at once), sampled every ``every`` seconds."""
 
     def __init__(self, pid: int, every: float = 1.0):
         super().__init__(pid, role=lambda p: str(p.pid), every=every)
@@ -46,7 +47,18 @@ class PeakMemory(ProcessSampler):
         super().stop()
         rows = [r for per_pid in self.samples.values() for r in per_pid]
         return {"peak_rss_gb": round(max((r[1] for r in rows), default=0) / 2**30, 2),
-                "peak_uss_gb": round(max((r[3] for r in rows), default=0) / 2**30, 2)}
+                "peak_uss_gb": round(max((r[3] for r in rows), default=0) / 2**30, 2),
+                # what the whole command holds at once (its workers together): the largest sum of PSS in one sweep
+                "peak_total_pss_gb": round(max((r[2] for r in self.totals), default=0) / 2**30, 2),
+                "processes": len(self.samples)}
+
+
+class Steps(list):
+    """The steps' figures; each is printed as a JSON line when added, so a run cut off still shows what it did."""
+
+    def append(self, row: dict):
+        super().append(row)
+        print(json.dumps(row), flush=True)
 
 
 def command(args: list[str], json_out: bool = True, events: bool = False) -> tuple[dict, dict]:
@@ -206,7 +218,7 @@ def main(argv=None):
     work.mkdir(parents=True, exist_ok=True)
     src, store = work / f"ws_{a.rows}_{a.seed}.svm", work / f"ws_{a.rows}_{a.seed}.zarr"
     truth = str(src) + ".truth.npz"
-    steps, models = [], []
+    steps, models = Steps(), []
     W = ["--workers", str(a.workers)]
     try:
         if not src.exists():
@@ -226,7 +238,8 @@ def main(argv=None):
             out = work / f"{name.replace(' ', '_').replace('-', '')}.npz"
             res, fig = command(["train", str(store), "--out", str(out), "--algo", algo, "--passes", str(a.passes),
                                 *W, *extra])
-            steps.append({"step": f"train {name}", **fig, "kernel_nnz_per_s": res.get("nnz_per_s_kernel")})
+            steps.append({"step": f"train {name}", **fig, "kernel_nnz_per_s": res.get("nnz_per_s_kernel"),
+                          "train_s": res.get("seconds")})
             models.append(scored(name, out, store, tidx, fig, steps))
         for spec in a.refit:
             algo, _, opts = spec.partition(":")
