@@ -11,6 +11,8 @@
 # `--workers N` (N paths) for each N of WORKERS (default "1 16 32"), each model scored on the holdout against
 # the true weights. The target: N = 16 within 1.3x the train wall of N = 1. Each train is the learner alone
 # (`--no-refit`): the refit's model is the one `--paths N --workers 2` gives here, measured in docs/results.md.
+# THREADS="1,8,16" adds benchmarks.contention on the same store (T kernels at once, no engine: the machine's own
+# limit on weak scaling); VERIFY=0 skips the verify step (~40 s at full size there).
 # Results (webspam.json, webspam.md) go to $OUT (bench-out/ without it); the data (24 GB of text and its store,
 # under .scaling-work/ on the machine's 64 GB disk) is deleted at the end. Estimated from this 2-core machine's
 # figures, 350,000 rows with "1 16 32" take ~8 minutes there, close to one call's 10: if a first call runs out,
@@ -39,8 +41,16 @@ sparsepipe train "$warm/w.zarr" --algo stsgd --passes 1 --no-refit --out "$warm/
 rm -rf "$warm"
 extra=()
 for n in $workers; do extra+=(--extra "stsgd:--no-refit --workers $n"); done
-python3 -m benchmarks.webspam --rows "$rows" --workers "$(nproc)" --algos "" --vw-l1 "${extra[@]}" \
-    --work "$PWD/.scaling-work"
+work="$PWD/.scaling-work"
+common=(--rows "$rows" --workers "$(nproc)" --algos "" --vw-l1 --work "$work")
+# the data first (synth -> ingest -> verify, skipped with VERIFY=0), kept for the steps below
+python3 -m benchmarks.webspam "${common[@]}" --keep $([ "${VERIFY:-1}" = 0 ] && echo --no-verify)
+# the machine alone, with THREADS (e.g. "1,8,16") set: T kernels at once in one process, no engine (contention.py)
+if [ -n "${THREADS:-}" ]; then
+    python3 -m benchmarks.contention "$work/ws_${rows}_7.zarr" --threads "$THREADS"
+fi
+# the trains, each scored; the data is deleted at the end
+python3 -m benchmarks.webspam "${common[@]}" --no-verify "${extra[@]}"
 python3 - "$SPARSEPIPE_BENCH_OUT/webspam.json" <<'PY'
 import json, sys
 r = json.load(open(sys.argv[1]))
