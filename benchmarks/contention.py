@@ -89,6 +89,7 @@ def main(argv=None):
             secs = np.array(_run_threads(n, work))
             rate = done / secs
             row = {"what": name, "threads": n, "nnz_per_thread": int(done.mean()), "slowest_s": round(secs.max(), 3),
+                   "slowest_vs_mean": round(float(secs.max() / secs.mean()), 2),
                    "per_thread_mnnz_per_s": round(float(rate.mean()) / 1e6, 2),
                    "all_threads_mnnz_per_s": round(float(rate.sum()) / 1e6, 1), "load1": round(os.getloadavg()[0], 2)}
             rows.append(row)
@@ -98,7 +99,8 @@ def main(argv=None):
         one = next(x for x in rows if x["what"] == r["what"] and x["threads"] == 1)
         r["slowdown_vs_1_thread"] = round(one["per_thread_mnnz_per_s"] / r["per_thread_mnnz_per_s"], 2)
     report("contention", {"store": a.store, "cores": os.cpu_count(), "rows": rows}, rows,
-           ["what", "threads", "per_thread_mnnz_per_s", "all_threads_mnnz_per_s", "slowdown_vs_1_thread", "slowest_s"])
+           ["what", "threads", "per_thread_mnnz_per_s", "all_threads_mnnz_per_s", "slowdown_vs_1_thread", "slowest_s",
+            "slowest_vs_mean"])
 
 
 if __name__ == "__main__":

@@ -47,6 +47,7 @@ common=(--rows "$rows" --workers "$(nproc)" --algos "" --vw-l1 --work "$work")
 python3 -m benchmarks.webspam "${common[@]}" --keep $([ "${VERIFY:-1}" = 0 ] && echo --no-verify)
 # the machine alone, with THREADS (e.g. "1,8,16") set: T kernels at once in one process, no engine (contention.py)
 if [ -n "${THREADS:-}" ]; then
+    sync; sleep 10  # the store's writes settled first: the probe's one thread must have the machine to itself
     python3 -m benchmarks.contention "$work/ws_${rows}_7.zarr" --threads "$THREADS"
 fi
 # the trains, each scored; the data is deleted at the end
