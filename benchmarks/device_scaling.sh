@@ -14,9 +14,11 @@
 # THREADS="1,8,16" adds benchmarks.contention on the same store (T kernels at once, no engine: the machine's own
 # limit on weak scaling); VERIFY=0 skips the verify step (~40 s at full size there).
 # Results (webspam.json, webspam.md) go to $OUT (bench-out/ without it); the data (24 GB of text and its store,
-# under .scaling-work/ on the machine's 64 GB disk) is deleted at the end. Estimated from this 2-core machine's
-# figures, 350,000 rows with "1 16 32" take ~8 minutes there, close to one call's 10: if a first call runs out,
-# run "1 16" and then "32" (each call starts a bare machine and makes its own data).
+# under .scaling-work/ on the machine's 64 GB disk) is deleted at the end. Measured there (twentieth session):
+# 350,000 rows take ~40 s to install and warm up, synth ~21 s, ingest ~25 s, verify 37 s, and the trains 114 s
+# (1 worker), 175 s (16) and 381 s (32). So "1 16 32" does not fit in one call's 10 minutes: run "1 16" in one
+# call and "32" in another (each call starts a bare machine and makes its own data). 175,000 rows with
+# "1 15 16" and THREADS=1,15,16 take 6.3 minutes.
 set -euo pipefail
 rows=${1:-350000}
 workers=${2:-"1 16 32"}
