@@ -62,7 +62,8 @@ runs = [m for m in r["models"] if m["model"].startswith("stsgd")]
 for m in runs:
     s = steps[f"train {m['model']}"]
     print(f"{m['model']}: train {m['train_wall_s']} s = {m['train_wall_s'] / runs[0]['train_wall_s']:.2f}x the first "
-          f"(learner {s['train_s']} s), peak of one process {s['peak_rss_gb']} GB RSS / {s['peak_uss_gb']} GB USS, "
+          f"(learner {s['train_s']} s), peak USS of a worker {s['peak_worker_uss_gb']} GB, of the client "
+          f"{s['peak_client_uss_gb']} GB, "
           f"all {s['processes']} processes together {s['peak_total_pss_gb']} GB PSS; holdout error {m['error']:.4f}, "
           f"recall {m['recall']:.3f}")
 PY

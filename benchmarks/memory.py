@@ -166,7 +166,11 @@ class ProcessSampler:
         return out
 
 
-def _role_of(root_pid: int, workers: dict):
+def process_role(root_pid: int, workers: dict):
+    """A ``role(proc)`` for :class:`ProcessSampler` over a `sparsepipe` command's tree: "client" (the command's
+    own process, ``root_pid``), "worker0", "worker1", ... (Dask worker processes, recorded in ``workers``), None
+    (multiprocessing's resource tracker: not sampled)."""
+
     def role(p):
         if p.pid == root_pid:
             return "client"
@@ -189,7 +193,7 @@ def sample_train(store: str, algo: str, workers: int, passes: int, every: float,
                "--workers", str(workers), "--passes", str(passes), "--out", str(model), "--json", *extra]
         t0 = time.perf_counter()
         p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        smp = ProcessSampler(p.pid, _role_of(p.pid, {}), every)
+        smp = ProcessSampler(p.pid, process_role(p.pid, {}), every)
         err = []
 
         def read_stderr():  # with --json and a pipe, one JSON line per stage on stderr, after its evaluation

@@ -33,22 +33,28 @@ import numpy as np
 
 from benchmarks.common import algo_spec, algo_specs, out_dir, report, spec_name
 from benchmarks.diagnose import load_truth, support_scores
-from benchmarks.memory import ProcessSampler
+from benchmarks.memory import ProcessSampler, process_role
 
 
 class PeakMemory(ProcessSampler):
-    """The largest RSS and USS of one process among a process and its descendants, and the largest sum of their PSS
-    (the whole tree at once), sampled every ``every`` seconds."""
+    """The largest RSS and USS of one process among a process and its descendants, the largest USS of the client
+    (the command's own process) and of any Dask worker, and the largest sum of their PSS (the whole tree at once),
+    sampled every ``every`` seconds."""
 
     def __init__(self, pid: int, every: float = 1.0):
-        super().__init__(pid, role=lambda p: str(p.pid), every=every)
+        super().__init__(pid, role=process_role(pid, {}), every=every)
 
     def stop(self) -> dict:
         super().stop()
         rows = [r for per_pid in self.samples.values() for r in per_pid]
+
+        def uss(prefix):
+            return round(max((r[3] for pid, rs in self.samples.items() if self.names[pid].startswith(prefix)
+                              for r in rs), default=0) / 2**30, 2)
+
         return {"peak_rss_gb": round(max((r[1] for r in rows), default=0) / 2**30, 2),
                 "peak_uss_gb": round(max((r[3] for r in rows), default=0) / 2**30, 2),
-                # what the whole command holds at once (its workers together): the largest sum of PSS in one sweep
+                "peak_client_uss_gb": uss("client"), "peak_worker_uss_gb": uss("worker"),
                 "peak_total_pss_gb": round(max((r[2] for r in self.totals), default=0) / 2**30, 2),
                 "processes": len(self.samples)}
 
