@@ -232,3 +232,47 @@ def test_verify_of_something_that_is_not_a_store(tmp_path):
         r = cli("verify", target)
         assert r.returncode == 1 and r.stderr.startswith("error: ") and str(target) in r.stderr
         assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
+
+
+def test_add_sets_kernel_equals_numpy_add_at():
+    from pipeline.kernels.colstats import add_sets
+
+    rng = np.random.default_rng(4)
+    width = 5000
+    acc_c, acc_s = rng.integers(0, 9, width).astype(np.int64), rng.random(width)
+    ref_c, ref_s = acc_c.copy(), acc_s.copy()
+    for dtype in (np.int32, np.int64):
+        for n in (0, 1, 700, width):
+            idx = rng.permutation(width)[:n].astype(dtype)  # unique within a set, in any order
+            c, s = rng.integers(1, 50, n).astype(np.int32), rng.random(n) * 1e3
+            add_sets(acc_c, acc_s, idx, c, s)
+            np.add.at(ref_c, idx, c)
+            np.add.at(ref_s, idx, s)
+            assert np.array_equal(acc_c, ref_c) and np.array_equal(acc_s, ref_s)  # bit for bit
+
+
+@pytest.mark.parametrize("threads", [2, 3, 8])
+def test_verify_gives_the_same_report_on_any_thread_count(good, tmp_path, threads):
+    from pipeline.store.verify import verify_store
+
+    def report(path, n):
+        rep = verify_store(str(path), threads=n)
+        rep.pop("seconds")
+        return rep
+
+    assert report(good, threads) == report(good, 1) and report(good, 1)["ok"]
+    st_path = _copy(good, tmp_path)
+    entries = open_store(st_path).entries("all")
+    for e, kind in zip(entries[1::3], ("compressed:data", "truncated:indptr", "block-deleted", "raw:indices")):
+        _damage(st_path, e["key"], kind)
+    one = report(st_path, 1)
+    assert not one["ok"] and len(one["bad_blocks"]) == 4
+    assert report(st_path, threads) == one  # the same blocks, problems and order
+    # a training-statistics mismatch is found on every thread count
+    st2 = _copy(good, tmp_path, "t.zarr")
+    man = fmt.read_manifest(str(st2))
+    ss = fmt.read_array(f"{st2}/{man['stats']}", "col_sumsq").copy()
+    ss[np.flatnonzero(ss)[3]] *= 1.001
+    fmt.write_array(f"{st2}/{man['stats']}", "col_sumsq", ss)
+    rep = report(st2, threads)
+    assert rep == report(st2, 1) and any("sums of squares differ" in p for p in rep["problems"])

@@ -165,3 +165,14 @@ def column_stats(indptr, indices, values, width: int, counts=None, count_dtype=n
 def release_scratch() -> None:
     """Free this thread's band scratch."""
     _BAND.__dict__.clear()
+
+
+@numba.njit(cache=True, nogil=True)
+def add_sets(acc_nnz, acc_ss, idx, nnz, ss):
+    """acc_nnz[idx[k]] += nnz[k], acc_ss[idx[k]] += ss[k] for every k in order (a block's statistics set folded
+    into width-sized sums; ``idx`` unique within the set). NumPy's ``acc[idx] += v`` without its GIL-held
+    fancy indexing (~5x slower at webspam width)."""
+    for k in range(idx.shape[0]):
+        j = idx[k]
+        acc_nnz[j] += nnz[k]
+        acc_ss[j] += ss[k]
