@@ -73,13 +73,13 @@ def verify_store(path: str, progress=None, threads: int | None = None) -> dict:
     # the recount folds each training block into width-sized sums in block order (the same float64 sums on
     # any thread count), ~16 bytes per feature, instead of keeping the blocks' statistics to the end (17 GB at
     # webspam scale). Blocks are read and checked on ``threads`` threads (the decoding, checksums and
-    # statistics release the GIL), at most 2 per thread in flight.
+    # statistics release the GIL), with at most two blocks more in flight than threads.
     acc_c = np.zeros(p, dtype=np.int64)
     acc_s = np.zeros(p, dtype=np.float64)
     recount_ok = True
     n_threads = max(1, min(threads or default_workers(), len(entries) or 1))
     with ThreadPoolExecutor(n_threads) as pool:
-        window = 2 * n_threads
+        window = n_threads + 2
         todo, running = iter(entries), deque()
 
         def fill():
