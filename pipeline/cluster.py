@@ -12,11 +12,25 @@ import contextlib
 import logging
 import os
 import threading
+from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 
 
 def default_workers() -> int:
     return max(1, os.cpu_count() or 1)
+
+
+def in_order(submit, n: int, window: int, result=lambda fut: fut.result()):
+    """The results of ``submit(i)`` for i = 0..n-1, yielded in order of i, with the next ones submitted ahead so that
+    ``window`` stay in flight while the caller handles one (the workers kept busy, memory bounded). ``result``
+    waits for what ``submit`` returned (a future's ``result()`` by default)."""
+    pending = deque()
+    for i in range(n):
+        pending.append(submit(i))
+        if len(pending) > window:
+            yield result(pending.popleft())
+    while pending:
+        yield result(pending.popleft())
 
 
 class ThreadClient:

@@ -42,6 +42,7 @@ from collections import OrderedDict
 
 import numpy as np
 
+from pipeline.cluster import in_order
 from pipeline.kernels import refit as K
 from pipeline.kernels.losses import LOGISTIC, SQUARED
 
@@ -445,14 +446,10 @@ class RefitProblem:
         theta = np.asarray(theta, dtype=np.float64)
         w = self._ship(theta[:-1], len(self.data.keys))
         g = np.zeros(self.data.n_features, dtype=np.float64)
-        pending: list = []
-        for b in range(len(self.data.keys) + GRADIENT_WINDOW):  # at most GRADIENT_WINDOW results outstanding
-            if b < len(self.data.keys):
-                pending.append(self.ex.submit_pinned(b, full_gradient_task, self.data, b, self.sup_ref, self.sig,
-                                                     w, float(theta[-1]), self.code))
-            if pending and (len(pending) > GRADIENT_WINDOW or b >= len(self.data.keys)):
-                idx, vals = self.ex.result(pending.pop(0))
-                g[idx] += vals
+        for idx, vals in in_order(lambda b: self.ex.submit_pinned(b, full_gradient_task, self.data, b, self.sup_ref,
+                                                                  self.sig, w, float(theta[-1]), self.code),
+                                  len(self.data.keys), GRADIENT_WINDOW, self.ex.result):
+            g[idx] += vals
         return g / self.n_rows
 
     def precondition(self) -> np.ndarray:

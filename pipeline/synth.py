@@ -25,12 +25,13 @@ import math
 import os
 import queue
 import time
-from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numba
 import numpy as np
+
+from pipeline.cluster import in_order
 
 __all__ = ["synth", "format_rows", "format_bound", "generate_chunk", "WEBSPAM_FEATURES"]
 
@@ -603,14 +604,9 @@ def synth(out_path, rows, features=WEBSPAM_FEATURES, nnz_per_row=3700, seed=0, p
     def write_data(f):
         # generation on `workers` threads (numba kernels release the GIL); this thread writes in order
         with ThreadPoolExecutor(workers) as ex:
-            pending = deque()
-            nxt = 0
-            while nxt < len(sizes) or pending:
-                while nxt < len(sizes) and len(pending) < workers + 1:
-                    pending.append((ex.submit(_make_chunk, model, seed, nxt, sizes[nxt], pool), sizes[nxt]))
-                    nxt += 1
-                fut, n_rows = pending.popleft()
-                emit(f, fut.result(), n_rows)
+            chunks = in_order(lambda i: ex.submit(_make_chunk, model, seed, i, sizes[i], pool), len(sizes), workers)
+            for made, n_rows in zip(chunks, sizes):
+                emit(f, made, n_rows)
 
     data_tmp = out.with_name(f"{out.name}.partial-{os.getpid()}")
     try:

@@ -11,12 +11,11 @@ from __future__ import annotations
 
 import os
 import time
-from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from pipeline.cluster import default_workers
+from pipeline.cluster import default_workers, in_order
 from pipeline.kernels import colstats
 from pipeline.store import checksum
 from pipeline.store import stats as stats_mod
@@ -79,20 +78,8 @@ def verify_store(path: str, progress=None, threads: int | None = None) -> dict:
     recount_ok = True
     n_threads = max(1, min(threads or default_workers(), len(entries) or 1))
     with ThreadPoolExecutor(n_threads) as pool:
-        window = n_threads + 2
-        todo, running = iter(entries), deque()
-
-        def fill():
-            for e in todo:
-                running.append(pool.submit(_check_block, st, e, p))
-                if len(running) >= window:
-                    break
-
-        fill()
-        done = 0
-        while running:
-            e, found, sums = running.popleft().result()
-            fill()
+        checked = in_order(lambda i: pool.submit(_check_block, st, entries[i], p), len(entries), n_threads + 1)
+        for done, (e, found, sums) in enumerate(checked, 1):
             if found:
                 src = e.get("source")
                 bad.append({"key": e["key"], "split": e.get("split"),
@@ -102,7 +89,6 @@ def verify_store(path: str, progress=None, threads: int | None = None) -> dict:
                     recount_ok = False
             elif sums is not None:
                 colstats.add_sets(acc_c, acc_s, *sums)
-            done += 1
             if progress is not None:
                 progress(done, len(entries))
     for name, total in (("n_rows", sum(int(e["rows"]) for e in entries)), ("nnz", sum(int(e["nnz"]) for e in entries))):
