@@ -134,7 +134,12 @@ class BlockCache:
         self.nbytes = 0
         self.lock = threading.Lock()  # tasks of the in-process executor share one cache
 
-    def get(self, key, loader, budget: int):
+    def get(self, key, loader, budget: int, keep=None):
+        """The arrays of ``key``, from the cache or ``loader()``. Without ``keep``, least recently used entries make
+        room for a new one. With ``keep`` (a predicate on a cached key: still wanted), only entries it rejects
+        make room, and a new entry that still does not fit is returned uncached: for sweeps over more blocks
+        than the budget holds, where an LRU would evict each block just before its next use and hit nothing,
+        the first blocks stay and budget / share of every sweep hits."""
         with self.lock:
             hit = self.items.get(key)
             if hit is not None:
@@ -144,12 +149,19 @@ class BlockCache:
         size = sum(a.nbytes for a in value)
         with self.lock:
             if size <= budget and key not in self.items:
-                while self.nbytes + size > budget and self.items:
-                    _, old = self.items.popitem(last=False)
-                    self.nbytes -= sum(a.nbytes for a in old)
-                self.items[key] = value
-                self.nbytes += size
+                for old in [k for k in self.items if keep is not None and not keep(k)]:
+                    if self.nbytes + size <= budget:
+                        break
+                    self._drop(old)
+                while keep is None and self.nbytes + size > budget and self.items:
+                    self._drop(next(iter(self.items)))
+                if self.nbytes + size <= budget:
+                    self.items[key] = value
+                    self.nbytes += size
         return value
+
+    def _drop(self, key):
+        self.nbytes -= sum(a.nbytes for a in self.items.pop(key))
 
 
 _CACHE = BlockCache()

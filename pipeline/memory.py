@@ -140,3 +140,18 @@ def check_local(algo, n_features: int, paths: int, workers: int) -> None:
     from pipeline.cluster import local_memory_limit
 
     refuse(algo, n_features, paths, workers, local_memory_limit(workers), f"with --workers {workers} each worker's")
+
+
+def trim_heap() -> bool:
+    """Give the freed pages of this process's malloc heaps back to the OS (glibc's malloc_trim(0)); False where
+    there is no glibc. Arrays of a few MB come from the heap once glibc's mmap threshold has risen past them, and
+    their pages stay with the process after they are freed: a worker that had dropped the refit's 1 GB block
+    cache still held it (RSS 1.51 -> 1.65 GB when the holdout evaluation came next)."""
+    import ctypes
+    import ctypes.util
+
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        return bool(libc.malloc_trim(0))
+    except (OSError, AttributeError):
+        return False

@@ -35,6 +35,7 @@ other warm-starts from the refitted weights.
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import threading
 import time
@@ -68,10 +69,12 @@ L2_GRID = (L2_PER_ROW, 3e-4)  # a tenth of it (3e-3 / 10 would not be the same f
 # stopped short (projected gradient 7.7e-5 > λ; holdout 10.42%, 4,367 non-zeros), 166 converged (10.37%, 4,371).
 DEFAULT_MAX_ITER = 300
 DEFAULT_TOL = 1e-6
-# Compacted blocks are cached per worker between evaluations; when a worker's share does not fit, every
-# evaluation re-reads and re-compacts its blocks (at webspam scale a 1 GiB budget made each evaluation a full
-# decode of the store). 4 GiB holds a 2-worker share of a 16.6M-feature store's compaction to ~20k columns.
-DEFAULT_CACHE_BYTES = 4 << 30
+# Compacted blocks are kept per worker between evaluations: DEFAULT_CACHE_BYTES of them in memory, the rest in
+# spill files read back at each evaluation (pipeline.spill: rebuilding them cost 15x evaluating them). At 350k
+# webspam-like rows stsgd's S (7,047 columns) holds 450M of the 1.17 billion training non-zeros: 1.39 GB per
+# worker at --workers 2, which made the worker peak at 1.71 GB USS; with 1 GiB in memory (the rest, 0.3 GB, read
+# back in ~35 ms per evaluation) it peaked at 1.40-1.45 GB USS, 1.44-1.49 GB PSS; 900 MiB leaves a margin.
+DEFAULT_CACHE_BYTES = 900 << 20
 REFIT_WORKER_BASE = 600 << 20  # a worker's process, one decoded block and the KKT pass's width-sized scratch
 DEFAULT_L1 = "auto"
 VALIDATION_FRACTION = 0.2  # training rows set aside to choose the refit's L1 penalty
@@ -178,15 +181,19 @@ def support_signature(support: np.ndarray, n_features: int) -> str:
 
 _BITS: dict = {}
 _BITS_LOCK = threading.Lock()
-_COMPACT = None
+_BLOCKS = None  # the worker's SpillCache of compacted and restricted blocks: one budget (``cache_bytes``) for both
+_RECENT: OrderedDict = OrderedDict()  # signatures of the last RESTRICT_KEEP working sets, most recent last
+RESTRICT_KEEP = 4  # working sets a worker keeps: each l2 segment's current one and the one before
 
 
-def _bitmap(support, sig, n_features):
-    """The support's bitmap of the width, once per worker process and support (the last two kept)."""
+def _index(support, sig, n_features):
+    """The support's (bits, rank) at the width (:func:`K.support_index`), once per worker process and support (the
+    last two kept)."""
     with _BITS_LOCK:
         hit = _BITS.get(sig)
     if hit is None:
-        hit = K.support_bitmap(np.asarray(support, dtype=np.int64), int(n_features))
+        hit = K.support_index(np.asarray(support, dtype=np.int64), int(n_features),
+                              np.zeros(0, np.int32 if n_features < 2**31 else np.int64))
         with _BITS_LOCK:
             while len(_BITS) >= 2:
                 _BITS.pop(next(iter(_BITS)))
@@ -194,26 +201,46 @@ def _bitmap(support, sig, n_features):
     return hit
 
 
+def _cached(key, build, cache_bytes: int):
+    """``build()``'s arrays under ``key`` = (signature of S, signature of W or None, ...) in the worker's
+    :class:`pipeline.spill.SpillCache`: ``cache_bytes`` of them in memory, the rest spilled to local disk. Entries
+    of other supports, and restricted blocks of working sets older than the last RESTRICT_KEEP, are dropped."""
+    global _BLOCKS
+    from pipeline.spill import SpillCache
+
+    with _BITS_LOCK:
+        if _BLOCKS is None:
+            _BLOCKS = SpillCache()
+        recent = frozenset(_RECENT)
+    sig = key[0]
+    return _BLOCKS.get(key, build, cache_bytes, keep=lambda k: k[0] == sig and (k[1] is None or k[1] in recent))
+
+
+def release_blocks() -> tuple[int, int]:
+    """Empty this process's refit cache (called on every worker when a refit ends); returns the bytes it held in
+    memory and in spill files."""
+    from pipeline.memory import trim_heap
+
+    if _BLOCKS is None:
+        return 0, 0
+    held = (_BLOCKS.memory.nbytes, _BLOCKS.spilled_bytes)
+    _BLOCKS.release()
+    trim_heap()
+    return held
+
+
 def compacted(data, b: int, support, sig: str, cache_bytes: int = DEFAULT_CACHE_BYTES, split=(0.0, 0)):
     """Training block ``b`` of ``data`` (an engine DataRef) restricted to S: (cindptr, cidx, cval, y), cached per
-    worker process by (store, manifest version, block key, signature of S). With ``split = (fraction, seed)``,
-    fraction > 0, the block's rows are divided into a fitting part and a validation part (a seeded Bernoulli
-    choice per row, the same on every worker): two such 4-tuples, concatenated (fit first)."""
-    global _COMPACT
-    from pipeline.engine import BlockCache
-
-    if _COMPACT is None:
-        with _BITS_LOCK:
-            if _COMPACT is None:
-                _COMPACT = BlockCache()
+    worker process by (signature of S, store, manifest version, block key) within ``cache_bytes`` (:func:`_cached`).
+    With ``split = (fraction, seed)``, fraction > 0, the block's rows are divided into a fitting part and a
+    validation part (a seeded Bernoulli choice per row, the same on every worker): two such 4-tuples, concatenated
+    (fit first)."""
     fraction, seed = float(split[0]), int(split[1])
 
     def build():
         indptr, indices, values, y = data.load(b)
-        bits = _bitmap(support, sig, data.n_features)
-        support_ = np.asarray(support, dtype=np.int64)
-        ci, cj, cv = K.compact_block(indptr, indices, values, support_, bits,
-                                     np.zeros(0, K.position_dtype(support_.shape[0])))
+        ci, cj, cv = K.compact_block(indptr, indices, values, *_index(support, sig, data.n_features),
+                                     np.zeros(0, K.position_dtype(len(support))))
         y = np.asarray(y, dtype=np.float64)
         if fraction <= 0:
             return ci, cj, cv, y
@@ -223,8 +250,8 @@ def compacted(data, b: int, support, sig: str, cache_bytes: int = DEFAULT_CACHE_
             parts += (*K.take_rows(ci, cj, cv, rows.astype(np.int64)), y[rows])
         return parts
 
-    key = (data.store, data.version, data.keys[b], sig) + ((fraction, seed) if fraction > 0 else ())
-    return _COMPACT.get(key, build, cache_bytes)
+    key = (sig, None, data.store, data.version, data.keys[b]) + ((fraction, seed) if fraction > 0 else ())
+    return _cached(key, build, cache_bytes)
 
 
 def validation_rows(n_rows: int, fraction: float, seed: int, b: int) -> np.ndarray:
@@ -240,24 +267,16 @@ def _pieces(arrays, part: str) -> list:
     return {"fit": [arrays[:4]], "val": [arrays[4:]], "all": [arrays[:4], arrays[4:]]}[part]
 
 
-_RESTRICT: OrderedDict = OrderedDict()  # W's signature -> a BlockCache of its restricted blocks, most recent last
-RESTRICT_KEEP = 4  # working sets a worker keeps: each l2 segment's current one and the one before
-
-
 def restricted(data, b: int, support, sig: str, cols, csig: str, cache_bytes: int, split, part: str) -> list:
     """:func:`_pieces` of block ``b``'s compaction to S restricted further to the columns at positions ``cols`` of S
-    (a working set W, :func:`K.restrict_columns`). Cached per worker for the last RESTRICT_KEEP working sets, each
-    in a :class:`pipeline.engine.BlockCache` of ``cache_bytes`` / RESTRICT_KEEP (an L1 solve's rounds and the
-    path's points each have their W, the two l2 segments run side by side; an older W is not asked for again)."""
-    from pipeline.engine import BlockCache
-
+    (a working set W, :func:`K.restrict_columns`), cached beside the compacted blocks for the last RESTRICT_KEEP
+    working sets (an L1 solve's rounds and the path's points each have their W, the two l2 segments run side by
+    side; an older W is not asked for again)."""
     with _BITS_LOCK:
-        cache = _RESTRICT.get(csig)
-        if cache is None:
-            cache = _RESTRICT[csig] = BlockCache()
-            while len(_RESTRICT) > RESTRICT_KEEP:
-                _RESTRICT.popitem(last=False)
-        _RESTRICT.move_to_end(csig)
+        _RECENT[csig] = None
+        _RECENT.move_to_end(csig)
+        while len(_RECENT) > RESTRICT_KEEP:
+            _RECENT.popitem(last=False)
 
     def build():
         pos = np.full(len(support), -1, dtype=np.int32)
@@ -265,8 +284,8 @@ def restricted(data, b: int, support, sig: str, cols, csig: str, cache_bytes: in
         return tuple(a for ci, cj, cv, y in _pieces(compacted(data, b, support, sig, cache_bytes, split), part)
                      for a in (*K.restrict_columns(ci, cj, cv, pos), y))
 
-    key = (data.store, data.version, data.keys[b], sig, part, float(split[0]), int(split[1]))
-    arrays = cache.get(key, build, cache_bytes // RESTRICT_KEEP)
+    key = (sig, csig, data.store, data.version, data.keys[b], part, float(split[0]), int(split[1]))
+    arrays = _cached(key, build, cache_bytes)
     return [arrays[i:i + 4] for i in range(0, len(arrays), 4)]
 
 
@@ -357,8 +376,8 @@ def full_gradient_task(data, b: int, support, sig: str, w, bias: float, code: in
     acc = getattr(_SCRATCH, "acc", None)
     if acc is None or acc.shape[0] != data.n_features:
         acc = _SCRATCH.acc = np.zeros(data.n_features, dtype=np.float64)
-    K.full_gradient_block(indptr, indices, values, np.asarray(y, dtype=np.float64), np.asarray(support, np.int64),
-                          _bitmap(support, sig, data.n_features), np.asarray(w, dtype=np.float64), float(bias),
+    K.full_gradient_block(indptr, indices, values, np.asarray(y, dtype=np.float64),
+                          *_index(support, sig, data.n_features), np.asarray(w, dtype=np.float64), float(bias),
                           code, acc)
     idx = np.flatnonzero(acc)
     vals = acc[idx]
@@ -367,6 +386,12 @@ def full_gradient_task(data, b: int, support, sig: str, w, bias: float, code: in
 
 
 # ------------------------------------------------------------------------------------- client side
+
+def everywhere(client, fn) -> list:
+    """``fn()`` on every worker process of a Dask ``client`` and in this one (the in-process executors' worker)."""
+    run = getattr(client, "run", None)  # the embedded thread executor has no worker processes
+    return (list(run(fn).values()) if run is not None else []) + [fn()]
+
 
 class RefitProblem:
     """F(w, b) and its gradient over the training blocks of a store, for weights on ``support``."""
@@ -426,19 +451,20 @@ class RefitProblem:
         return self._stats
 
     def fitting_cache(self, cache_bytes: int) -> int:
-        """The compacted-block cache per worker: ``cache_bytes`` when a worker's share of the compaction (from the
-        column counts of S) fits in it and beside REFIT_WORKER_BASE under the workers' smallest memory_limit, else
-        0 (every evaluation then re-reads its blocks: an LRU smaller than the share would hit nothing)."""
+        """The block cache per worker (:func:`_cached`): ``cache_bytes``, or what the workers' smallest memory_limit
+        leaves beside REFIT_WORKER_BASE when that is less (the blocks beyond it are rebuilt at every evaluation)."""
         from pipeline.memory import worker_limits
 
-        limits = worker_limits(self.client) if self.client is not None else []
-        if not any(x > 0 for x in limits):
-            return cache_bytes
-        nnz = int(self.support_stats()[0].sum())
-        per_nnz = K.position_dtype(self.support.size).itemsize + self._store.data_dtype.itemsize
-        share = (nnz * per_nnz + 24 * self.n_rows) / len(limits)
-        budget = min(cache_bytes, min(x for x in limits if x > 0) - REFIT_WORKER_BASE)
-        return cache_bytes if share <= budget else 0
+        limits = [x for x in (worker_limits(self.client) if self.client is not None else []) if x > 0]
+        return max(0, min(cache_bytes, min(limits) - REFIT_WORKER_BASE)) if limits else cache_bytes
+
+    def release(self) -> dict:
+        """Empty the refit cache of every worker (and of this process: the in-process executor's); returns the
+        budget per worker and what they held at the end: the most in one worker's memory, the spill files' total
+        (bytes)."""
+        held = everywhere(self.client, release_blocks)
+        return {"budget_bytes": self.cache_bytes, "memory_bytes": max(m for m, _ in held),
+                "spilled_bytes": sum(d for _, d in held)}
 
     def full_gradient(self, theta) -> np.ndarray:
         """∂/∂w_j of the mean loss at theta (w on S) for every column j of the width: one pass over the training
@@ -903,25 +929,34 @@ def refit(model, store_path: str, client=None, l2: float = DEFAULT_L2, max_iter:
         l1, rule = 0.0, f"{rows} training rows: fewer than {MIN_VALIDATION_ROWS} to validate an L1 path; L2 only"
     split = (validation, int(model.meta.get("seed", 0) or 0)) if l1 == "auto" else (0.0, 0)
     l2s = tuple(c / max(1, rows) for c in L2_GRID) if l2 is None and l1 == "auto" else None
+    from pipeline.memory import trim_heap
+
+    everywhere(client, trim_heap)  # the learner's freed pages, before the cache takes its budget
     prob = RefitProblem(store_path, support, l2=l2, loss=loss, client=client, blocks=blocks,
                         cache_bytes=cache_bytes, split=split, progress=progress)
-    x0 = np.append(w0, float(model.bias))
-    f0, g0 = prob.evaluate(x0)
-    active, phi, gamma, a = None, None, None, None
-    if l1 == "auto":
-        # the KKT check certifies the lasso's optimum: not the relaxed or adaptive fits'
-        relax = RELAX if relax and kkt_rounds is None else ()
-        adaptive = ADAPTIVE if adaptive and kkt_rounds is None else ()
-        chosen, x0, active, a, path = l1_path(prob, min(max_iter, PATH_MAX_ITER), tol, relax=relax,
-                                              adaptive=adaptive, l2s=l2s, select=select)
-        l1, phi, gamma = chosen["l1"], chosen["phi"], chosen.get("adaptive")
-        prob.l2 = chosen["l2"]  # the final fit (and the KKT check) at the chosen penalties
-        rule = "validated path" + (" (relaxed)" if relax else "") + (" (adaptive)" if adaptive else "")
-    x, res = solve(prob, x0, float(l1), "all", max_iter, tol, active, a)
-    kkt, evaluations = None, prob.evaluations
-    if float(l1) > 0 and kkt_rounds is not None:
-        prob, x, res, kkt, evaluations = kkt_expand(prob, x, res, float(l1), kkt_rounds, max_iter, tol)
-    f, g = prob.evaluate(x)
+    try:
+        x0 = np.append(w0, float(model.bias))
+        f0, g0 = prob.evaluate(x0)
+        active, phi, gamma, a = None, None, None, None
+        if l1 == "auto":
+            # the KKT check certifies the lasso's optimum: not the relaxed or adaptive fits'
+            relax = RELAX if relax and kkt_rounds is None else ()
+            adaptive = ADAPTIVE if adaptive and kkt_rounds is None else ()
+            chosen, x0, active, a, path = l1_path(prob, min(max_iter, PATH_MAX_ITER), tol, relax=relax,
+                                                  adaptive=adaptive, l2s=l2s, select=select)
+            l1, phi, gamma = chosen["l1"], chosen["phi"], chosen.get("adaptive")
+            prob.l2 = chosen["l2"]  # the final fit (and the KKT check) at the chosen penalties
+            rule = "validated path" + (" (relaxed)" if relax else "") + (" (adaptive)" if adaptive else "")
+        x, res = solve(prob, x0, float(l1), "all", max_iter, tol, active, a)
+        kkt, evaluations = None, prob.evaluations
+        if float(l1) > 0 and kkt_rounds is not None:
+            prob, x, res, kkt, evaluations = kkt_expand(prob, x, res, float(l1), kkt_rounds, max_iter, tol)
+        f, g = prob.evaluate(x)
+    except BaseException:
+        with contextlib.suppress(Exception):  # the error that stopped the refit is the one to see
+            prob.release()
+        raise
+    cache = prob.release()
     w, bias = x[:-1], float(x[-1])
     keep = w != 0.0
     secs = time.time() - t0
@@ -929,7 +964,7 @@ def refit(model, store_path: str, client=None, l2: float = DEFAULT_L2, max_iter:
     meta["refit"] = {
         "l2": prob.l2, "l1": float(l1), "l1_rule": rule, "l1_path": path, "relax": phi, "adaptive": gamma,
         "validation": split[0] if path else None, "select": select if path else None,
-        "kkt": kkt,
+        "kkt": kkt, "cache": cache,
         "loss": loss, "support": int(support.size), "iterations": int(res.nit),
         "evaluations": int(evaluations),
         "objective": f + float(l1) * float(np.abs(w).sum() if a is None else np.abs(w) @ a),

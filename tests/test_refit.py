@@ -80,8 +80,7 @@ def test_kernel_loss_and_gradient_equal_numpy_reference(loss, code):
     X.data[:] = rng.random(X.nnz).astype(np.float32) + 0.1
     y = np.where(rng.random(300) < 0.6, 1.0, -1.0)
     support = np.sort(rng.choice(1200, 80, replace=False)).astype(np.int64)  # some ids beyond the width
-    bits = K.support_bitmap(support, 1000)
-    ci, cj, cv = K.compact_block(X.indptr.astype(np.int64), X.indices, X.data, support, bits)
+    ci, cj, cv = K.compact_block(X.indptr.astype(np.int64), X.indices, X.data, *K.support_index(support, 1000))
     in_width = support[support < 1000]
     XS = X[:, in_width].toarray().astype(np.float64)
     dense = np.zeros((300, support.size))
@@ -94,6 +93,34 @@ def test_kernel_loss_and_gradient_equal_numpy_reference(loss, code):
     rt, rb, rg, rsq = np_loss_grad(dense, y, w, 0.3, loss, squares=True)
     np.testing.assert_allclose([tot, gb, sq], [rt, rb, rsq], rtol=1e-12)
     np.testing.assert_allclose(g, rg, rtol=1e-12, atol=1e-12)
+
+
+def test_support_index_and_full_gradient_kernel_equal_numpy_reference():
+    """K.support_index: the bitmap is membership in S and rank + the bits below give np.searchsorted's position
+    (ids beyond the width ignored); K.full_gradient_block adds Σ ℓ'·x over every column of the block with the
+    margins on S only, as NumPy computes it on the dense rows."""
+    rng = np.random.default_rng(4)
+    width = 5003  # not a multiple of 8
+    support = np.sort(rng.choice(width + 40, 700, replace=False)).astype(np.int64)
+    bits, rank = K.support_index(support, width)
+    inside = support[support < width]
+    member = np.unpackbits(bits, bitorder="little")[:width].astype(bool)
+    np.testing.assert_array_equal(np.flatnonzero(member), inside)
+    pop = np.unpackbits(bits, bitorder="little").reshape(-1, 8)
+    j = np.arange(width)
+    below = np.array([pop[c >> 3, :c & 7].sum() for c in j])
+    np.testing.assert_array_equal((rank[j >> 3] + below)[inside], np.arange(inside.size))
+    X = sp.random(150, width, density=0.02, random_state=3, format="csr", dtype=np.float32)
+    y = np.where(rng.random(150) < 0.5, 1.0, -1.0)
+    w = rng.standard_normal(support.size)
+    acc = np.zeros(width)
+    K.full_gradient_block(X.indptr.astype(np.int64), X.indices, X.data, y, bits, rank, w, 0.2, LOGISTIC, acc)
+    XD = X.toarray().astype(np.float64)
+    d = np_loss_grad(XD[:, inside], y, w[:inside.size], 0.2, "logistic")[2]  # only to check the margin's columns
+    f = XD[:, inside] @ w[:inside.size] + 0.2
+    ref = XD.T @ (-y / (1.0 + np.exp(y * f)))
+    np.testing.assert_allclose(acc, ref, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(acc[inside], d, rtol=1e-12, atol=1e-12)
 
 
 @pytest.mark.parametrize("loss,code", [("logistic", LOGISTIC), ("squared", SQUARED)])
@@ -124,8 +151,7 @@ def test_narrow_column_positions_give_the_same_sums_bit_for_bit():
     X = sp.random(400, 90_000, density=0.002, random_state=2, format="csr", dtype=np.float32)
     y = np.where(rng.random(400) < 0.5, 1.0, -1.0)
     support = np.sort(rng.choice(90_000, 1 << 16, replace=False)).astype(np.int64)  # positions up to 65,535
-    bits = K.support_bitmap(support, 90_000)
-    args = (X.indptr.astype(np.int64), X.indices, X.data, support, bits)
+    args = (X.indptr.astype(np.int64), X.indices, X.data, *K.support_index(support, 90_000))
     wide = K.compact_block(*args)
     narrow = K.compact_block(*args, np.zeros(0, K.position_dtype(support.size)))
     assert wide[1].dtype == np.int32 and narrow[1].dtype == np.uint16 and narrow[1].max() > 60_000
@@ -306,7 +332,7 @@ def test_l1_solve_on_a_working_set_reaches_the_optimum_over_all_of_S(small):
     theta, res = solve(prob, start, l1, max_iter=3000, tol=1e-10)
     assert np.count_nonzero(start[:-1]) < 0.5 * np.count_nonzero(theta[:-1])
     assert res.rounds > 1 and res.working_set < S.size
-    assert 0 < len(R._RESTRICT) <= R.RESTRICT_KEEP  # the worker (here: this process) keeps the last few W only
+    assert 0 < len(R._RECENT) <= R.RESTRICT_KEEP  # the worker (here: this process) keeps the last few W only
     sk = l1_logistic(1.0 / (y.size * l1), "saga", tol=1e-10, max_iter=100000).fit(X, y)
 
     def objective(w, b):

@@ -1,0 +1,135 @@
+"""A worker's cache of derived blocks, bounded in memory, that spills what does not fit to local disk.
+
+The refit sweeps every one of a worker's compacted blocks at each of its 100-300 evaluations. Rebuilding a block
+(decode it, compact it to S) costs ~15x evaluating it, and an LRU smaller than the sweep hits nothing, so the
+blocks that fit the memory budget stay (:meth:`pipeline.engine.BlockCache.get` with ``keep``) and the others are
+written once to a spill directory and read back at each sweep (350k webspam-like rows, stsgd's S: ~1 ms per 8 MB
+block from the OS page cache against ~4 ms to evaluate it and ~60 ms to rebuild it). That is what keeps a worker's
+memory bounded whatever the rows: the page cache holding the spill files is the kernel's to reclaim, and under
+pressure they are read from disk, as the store itself is.
+
+Spill files are NumPy's .npy records (no pickle), written to a temporary name and renamed, in a directory of the
+process's own: the Dask worker's local directory (removed when the worker closes, purged by the next worker if it
+was killed), or, outside a worker, ``sparsepipe-spill-<pid>-*`` in the temporary directory (removed at exit, and
+by the next process when the one that made it is gone).
+"""
+from __future__ import annotations
+
+import atexit
+import os
+import shutil
+import tempfile
+import threading
+from pathlib import Path
+
+import numpy as np
+
+PREFIX = "sparsepipe-spill-"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _purge_orphans(base: Path) -> None:
+    """Remove spill directories in ``base`` whose process is gone (a killed process cannot remove its own)."""
+    for d in base.glob(PREFIX + "*"):
+        try:
+            pid = int(d.name[len(PREFIX):].split("-", 1)[0])
+        except ValueError:
+            continue
+        if pid != os.getpid() and not _alive(pid):
+            shutil.rmtree(d, ignore_errors=True)
+
+
+def _new_dir() -> Path:
+    try:
+        from distributed import get_worker
+
+        return Path(tempfile.mkdtemp(prefix=f"{PREFIX}{os.getpid()}-", dir=get_worker().local_directory))
+    except (ImportError, ValueError):  # not in a Dask worker
+        base = Path(tempfile.gettempdir())
+        _purge_orphans(base)
+        d = Path(tempfile.mkdtemp(prefix=f"{PREFIX}{os.getpid()}-", dir=base))
+        atexit.register(shutil.rmtree, d, True)
+        return d
+
+
+class SpillCache:
+    """Tuples of arrays under hashable keys: up to ``budget`` bytes in memory, the rest in files of a spill
+    directory; ``keep(key)`` says which entries are still wanted (the others make room and lose their files)."""
+
+    def __init__(self):
+        from pipeline.engine import BlockCache
+
+        self.memory = BlockCache()
+        self.files: dict = {}  # key -> path of its spill file
+        self.lock = threading.Lock()
+        self.dir: Path | None = None
+        self.serial = 0
+
+    def get(self, key, build, budget: int, keep):
+        spilled, built = self.files.get(key), []
+
+        def load():
+            if spilled is not None:
+                return self._read(spilled, build)
+            built.append(True)
+            return build()
+
+        value = self.memory.get(key, load, budget, keep)
+        if built:
+            self._settle(key, value, keep)
+        return value
+
+    def _read(self, path: Path, build):
+        try:
+            with open(path, "rb") as f:
+                n = int(np.load(f, allow_pickle=False))
+                return tuple(np.load(f, allow_pickle=False) for _ in range(n))
+        except FileNotFoundError:  # released meanwhile by another thread
+            return build()
+
+    def _settle(self, key, value, keep) -> None:
+        """After ``key`` was built: the files of entries no longer kept are removed, and the entry is spilled
+        unless it went into memory."""
+        with self.lock:
+            for k in [k for k in self.files if not keep(k)]:
+                self.files.pop(k).unlink(missing_ok=True)
+            if key in self.files or key in self.memory.items:
+                return
+            if self.dir is None or not self.dir.is_dir():
+                self.dir = _new_dir()
+            self.serial += 1
+            path = self.dir / f"{self.serial}.npy"
+        tmp = path.with_suffix(".tmp")
+        with open(tmp, "wb") as f:
+            np.save(f, np.int64(len(value)), allow_pickle=False)
+            for a in value:
+                np.save(f, a, allow_pickle=False)
+        os.replace(tmp, path)
+        with self.lock:
+            if key in self.files:  # another thread spilled it meanwhile
+                path.unlink()
+            else:
+                self.files[key] = path
+
+    def release(self) -> None:
+        """Drop every entry, in memory and on disk."""
+        with self.lock:
+            with self.memory.lock:
+                self.memory.items.clear()
+                self.memory.nbytes = 0
+            files, self.files = self.files, {}
+        for p in files.values():
+            p.unlink(missing_ok=True)
+
+    @property
+    def spilled_bytes(self) -> int:
+        return sum(p.stat().st_size for p in list(self.files.values()) if p.exists())
