@@ -18,8 +18,8 @@ never read), each task computing the block's loss sum and gradient restricted to
 added on the client in the engine tree's fixed order (:func:`tree_sum`: deterministic); scipy's L-BFGS-B runs on
 the client in |S| + 1 dimensions (an L1 solve: on a working set of S's columns grown by KKT checks,
 :func:`_working_set_solve`), started from the sparse model's own weights. Each worker compacts a block to the
-columns of S once and keeps it (keyed by store, manifest version, block and a hash of S, bounded in bytes), so
-later evaluations cost O(non-zeros in S), or in a working set W ⊆ S (:func:`restricted`). The validated path's l2 segments run in threads of their own
+columns of S once and keeps it (keyed by store, manifest version, block and a hash of S: up to a budget in
+memory, the rest in spill files on the worker's disk, :mod:`pipeline.spill`), so later evaluations cost O(non-zeros in S), or in a working set W ⊆ S (:func:`restricted`). The validated path's l2 segments run in threads of their own
 (:func:`_lasso_segments`), each evaluation's waits on the workers filled by the other's.
 
 Loss: the model's training loss when it is smooth (logistic, squared); a model trained with hinge loss (or

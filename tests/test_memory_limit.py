@@ -104,8 +104,9 @@ def test_embedded_workers_that_cannot_fit_are_refused_before_they_start(tmp_path
 
 
 def test_refit_cache_follows_the_workers_memory_limit(small_limit_cluster, tmp_path):
-    """The refit keeps compacted blocks per worker only when a worker's share fits under its memory_limit; under
-    a 350 MB limit it keeps none, re-reads the blocks every evaluation, and gives the same model bit for bit."""
+    """The refit's in-memory block cache fits beside a process under the workers' memory_limit: under a 350 MB
+    limit it holds nothing in memory (every compacted block is spilled to disk and read back) and the model is
+    the same bit for bit."""
     from pipeline.refit import RefitProblem, refit
 
     store = _store(tmp_path, "refit", 60)
@@ -115,5 +116,6 @@ def test_refit_cache_follows_the_workers_memory_limit(small_limit_cluster, tmp_p
     assert RefitProblem(store, S, l2=1e-4).cache_bytes > 0  # in process: no limit
     far = refit(m, store, client=small_limit_cluster, l1=0, max_iter=30)
     near = refit(m, store, l1=0, max_iter=30)
+    assert far.meta["refit"]["cache"]["memory_bytes"] == 0 and far.meta["refit"]["cache"]["spilled_bytes"] > 0
     np.testing.assert_array_equal(far.coef_values, near.coef_values)
     assert far.bias == near.bias
