@@ -183,6 +183,7 @@ _BITS: dict = {}
 _BITS_LOCK = threading.Lock()
 _BLOCKS = None  # the worker's SpillCache of compacted and restricted blocks: one budget (``cache_bytes``) for both
 _RECENT: OrderedDict = OrderedDict()  # signatures of the last RESTRICT_KEEP working sets, most recent last
+_WANTED = None  # (signature of S, _RECENT's signatures) when the cache last dropped what they do not name
 RESTRICT_KEEP = 4  # working sets a worker keeps: each l2 segment's current one and the one before
 
 
@@ -205,15 +206,22 @@ def _cached(key, build, cache_bytes: int):
     """``build()``'s arrays under ``key`` = (signature of S, signature of W or None, ...) in the worker's
     :class:`pipeline.spill.SpillCache`: ``cache_bytes`` of them in memory, the rest spilled to local disk. Entries
     of other supports, and restricted blocks of working sets older than the last RESTRICT_KEEP, are dropped."""
-    global _BLOCKS
+    global _BLOCKS, _WANTED
     from pipeline.spill import SpillCache
 
+    sig = key[0]
     with _BITS_LOCK:
         if _BLOCKS is None:
             _BLOCKS = SpillCache()
         recent = frozenset(_RECENT)
-    sig = key[0]
-    return _BLOCKS.get(key, build, cache_bytes, keep=lambda k: k[0] == sig and (k[1] is None or k[1] in recent))
+        changed, _WANTED = _WANTED != (sig, recent), (sig, recent)
+
+    def keep(k):
+        return k[0] == sig and (k[1] is None or k[1] in recent)
+
+    if changed:  # a new S or W: what is no longer wanted goes now, not when room is needed
+        _BLOCKS.drop(lambda k: not keep(k))
+    return _BLOCKS.get(key, build, cache_bytes, keep=keep)
 
 
 def release_blocks() -> tuple[int, int]:

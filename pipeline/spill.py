@@ -120,15 +120,19 @@ class SpillCache:
             else:
                 self.files[key] = path
 
-    def release(self) -> None:
-        """Drop every entry, in memory and on disk."""
+    def drop(self, unwanted=lambda key: True) -> None:
+        """Drop the entries whose key ``unwanted`` accepts (default: all), in memory and on disk."""
         with self.lock:
             with self.memory.lock:
-                self.memory.items.clear()
-                self.memory.nbytes = 0
-            files, self.files = self.files, {}
-        for p in files.values():
+                for k in [k for k in self.memory.items if unwanted(k)]:
+                    self.memory._drop(k)
+            files = [self.files.pop(k) for k in [k for k in self.files if unwanted(k)]]
+        for p in files:
             p.unlink(missing_ok=True)
+
+    def release(self) -> None:
+        """Drop every entry, in memory and on disk."""
+        self.drop()
 
     @property
     def spilled_bytes(self) -> int:
