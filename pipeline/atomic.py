@@ -23,20 +23,23 @@ def fsync_dir(path: str) -> None:
         os.close(fd)
 
 
-def write_atomically(path, fill, prefix: str | None = None, suffix: str = ".tmp") -> str:
-    """``fill(f)`` writes the content into a binary file object; it becomes ``path`` only once complete."""
+def write_atomically(path, fill, prefix: str | None = None, suffix: str = ".tmp", durable: bool = True) -> str:
+    """``fill(f)`` writes the content into a binary file object; it becomes ``path`` only once complete.
+    ``durable``: fsync the file and its directory (False for scratch files that no later run reads)."""
     path = os.fspath(path)
     d = os.path.dirname(os.path.abspath(path)) or "."
     fd, tmp = tempfile.mkstemp(prefix=prefix or "." + os.path.basename(path) + ".", suffix=suffix, dir=d)
     try:
         with os.fdopen(fd, "wb") as f:
             fill(f)
-            f.flush()
-            os.fsync(f.fileno())
+            if durable:
+                f.flush()
+                os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
-    fsync_dir(d)
+    if durable:
+        fsync_dir(d)
     return path

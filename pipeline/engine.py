@@ -134,12 +134,11 @@ class BlockCache:
         self.nbytes = 0
         self.lock = threading.Lock()  # tasks of the in-process executor share one cache
 
-    def get(self, key, loader, budget: int, keep=None):
-        """The arrays of ``key``, from the cache or ``loader()``. Without ``keep``, least recently used entries make
-        room for a new one. With ``keep`` (a predicate on a cached key: still wanted), only entries it rejects
-        make room, and a new entry that still does not fit is returned uncached: for sweeps over more blocks
-        than the budget holds, where an LRU would evict each block just before its next use and hit nothing,
-        the first blocks stay and budget / share of every sweep hits."""
+    def get(self, key, loader, budget: int, pin: bool = False):
+        """The arrays of ``key``, from the cache or ``loader()``. Least recently used entries make room for a new
+        one; with ``pin`` nothing is evicted and a new entry that does not fit is returned uncached: for sweeps
+        over more blocks than the budget holds, where an LRU would evict each block just before its next use and
+        hit nothing, the first blocks stay and budget / share of every sweep hits."""
         with self.lock:
             hit = self.items.get(key)
             if hit is not None:
@@ -149,11 +148,7 @@ class BlockCache:
         size = sum(a.nbytes for a in value)
         with self.lock:
             if size <= budget and key not in self.items:
-                for old in [k for k in self.items if keep is not None and not keep(k)]:
-                    if self.nbytes + size <= budget:
-                        break
-                    self._drop(old)
-                while keep is None and self.nbytes + size > budget and self.items:
+                while not pin and self.nbytes + size > budget and self.items:
                     self._drop(next(iter(self.items)))
                 if self.nbytes + size <= budget:
                     self.items[key] = value

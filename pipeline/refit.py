@@ -216,12 +216,9 @@ def _cached(key, build, cache_bytes: int):
         recent = frozenset(_RECENT)
         changed, _WANTED = _WANTED != (sig, recent), (sig, recent)
 
-    def keep(k):
-        return k[0] == sig and (k[1] is None or k[1] in recent)
-
     if changed:  # a new S or W: what is no longer wanted goes now, not when room is needed
-        _BLOCKS.drop(lambda k: not keep(k))
-    return _BLOCKS.get(key, build, cache_bytes, keep=keep)
+        _BLOCKS.drop(lambda k: k[0] != sig or (k[1] is not None and k[1] not in recent))
+    return _BLOCKS.get(key, build, cache_bytes)
 
 
 def release_blocks() -> tuple[int, int]:
@@ -460,7 +457,7 @@ class RefitProblem:
 
     def fitting_cache(self, cache_bytes: int) -> int:
         """The block cache per worker (:func:`_cached`): ``cache_bytes``, or what the workers' smallest memory_limit
-        leaves beside REFIT_WORKER_BASE when that is less (the blocks beyond it are rebuilt at every evaluation)."""
+        leaves beside REFIT_WORKER_BASE when that is less (the blocks beyond it are spilled to the worker's disk)."""
         from pipeline.memory import worker_limits
 
         limits = [x for x in (worker_limits(self.client) if self.client is not None else []) if x > 0]

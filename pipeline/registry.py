@@ -333,7 +333,7 @@ class JobLock:
         holder = _read_holder(fd)
         if holder:
             self.stale = holder
-            alive = _pid_alive(holder.get("pid")) and holder.get("host") == socket.gethostname()
+            alive = pid_alive(holder.get("pid")) and holder.get("host") == socket.gethostname()
             self.reg.log({"event": "stale_lock_taken_over", "run": self.run, "holder": holder,
                           "holder_process": "alive (lock not held)" if alive else "gone"})
         self.fd = fd
@@ -377,7 +377,8 @@ def _describe(holder) -> str:
     return f"pid {holder.get('pid')} on {holder.get('host')}, run {holder.get('run')}, since {holder.get('since')}"
 
 
-def _pid_alive(pid) -> bool:
+def pid_alive(pid) -> bool:
+    """Whether a process with this id exists on this host (one we may not signal counts as alive)."""
     try:
         os.kill(int(pid), 0)
     except (TypeError, ValueError, ProcessLookupError):

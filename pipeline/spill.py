@@ -24,17 +24,10 @@ from pathlib import Path
 
 import numpy as np
 
+from pipeline.atomic import write_atomically
+from pipeline.registry import pid_alive
+
 PREFIX = "sparsepipe-spill-"
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _purge_orphans(base: Path) -> None:
@@ -44,7 +37,7 @@ def _purge_orphans(base: Path) -> None:
             pid = int(d.name[len(PREFIX):].split("-", 1)[0])
         except ValueError:
             continue
-        if pid != os.getpid() and not _alive(pid):
+        if pid != os.getpid() and not pid_alive(pid):
             shutil.rmtree(d, ignore_errors=True)
 
 
@@ -62,8 +55,8 @@ def _new_dir() -> Path:
 
 
 class SpillCache:
-    """Tuples of arrays under hashable keys: up to ``budget`` bytes in memory, the rest in files of a spill
-    directory; ``keep(key)`` says which entries are still wanted (the others make room and lose their files)."""
+    """Tuples of arrays under hashable keys: the first ``budget`` bytes of them in memory (pinned), the rest in
+    files of a spill directory. The owner drops the entries it no longer wants (:meth:`drop`)."""
 
     def __init__(self):
         from pipeline.engine import BlockCache
@@ -74,18 +67,11 @@ class SpillCache:
         self.dir: Path | None = None
         self.serial = 0
 
-    def get(self, key, build, budget: int, keep):
-        spilled, built = self.files.get(key), []
-
-        def load():
-            if spilled is not None:
-                return self._read(spilled, build)
-            built.append(True)
-            return build()
-
-        value = self.memory.get(key, load, budget, keep)
-        if built:
-            self._settle(key, value, keep)
+    def get(self, key, build, budget: int):
+        spilled = self.files.get(key)
+        value = self.memory.get(key, (lambda: self._read(spilled, build)) if spilled else build, budget, pin=True)
+        if spilled is None and key not in self.memory.items:
+            self._spill(key, value)
         return value
 
     def _read(self, path: Path, build):
@@ -93,27 +79,24 @@ class SpillCache:
             with open(path, "rb") as f:
                 n = int(np.load(f, allow_pickle=False))
                 return tuple(np.load(f, allow_pickle=False) for _ in range(n))
-        except FileNotFoundError:  # released meanwhile by another thread
+        except FileNotFoundError:  # dropped meanwhile by another thread
             return build()
 
-    def _settle(self, key, value, keep) -> None:
-        """After ``key`` was built: the files of entries no longer kept are removed, and the entry is spilled
-        unless it went into memory."""
+    def _spill(self, key, value) -> None:
         with self.lock:
-            for k in [k for k in self.files if not keep(k)]:
-                self.files.pop(k).unlink(missing_ok=True)
-            if key in self.files or key in self.memory.items:
+            if key in self.files:
                 return
             if self.dir is None or not self.dir.is_dir():
                 self.dir = _new_dir()
             self.serial += 1
             path = self.dir / f"{self.serial}.npy"
-        tmp = path.with_suffix(".tmp")
-        with open(tmp, "wb") as f:
+
+        def fill(f):
             np.save(f, np.int64(len(value)), allow_pickle=False)
             for a in value:
                 np.save(f, a, allow_pickle=False)
-        os.replace(tmp, path)
+
+        write_atomically(path, fill, durable=False)
         with self.lock:
             if key in self.files:  # another thread spilled it meanwhile
                 path.unlink()

@@ -41,8 +41,8 @@ def test_spill_cache_keeps_what_fits_spills_the_rest_and_drops_what_is_not_kept(
     blocks = {k: (np.arange(100, dtype=np.int64) + k, np.full(50, k, np.float32)) for k in range(10)}  # 1 KB each
     built = []
 
-    def get(k, keep=lambda key: True):
-        return c.get(("s", k), lambda: built.append(k) or blocks[k], 2500, keep)
+    def get(k):
+        return c.get(("s", k), lambda: built.append(k) or blocks[k], 2500)
 
     for sweep in range(3):
         for k in range(6):
@@ -51,7 +51,8 @@ def test_spill_cache_keeps_what_fits_spills_the_rest_and_drops_what_is_not_kept(
             np.testing.assert_array_equal(b, blocks[k][1])
     assert built == list(range(6))  # each built once: 2 in memory, 4 read back from their spill files
     assert c.memory.nbytes == 2 * 1000 and len(spill_files(tmp_path)) == 4
-    get(9, keep=lambda key: key[1] >= 4)  # entries 0-3 no longer wanted: out of memory and off the disk
+    c.drop(lambda key: key[1] < 4)  # entries 0-3 no longer wanted: out of memory and off the disk
+    get(9)
     assert len(spill_files(tmp_path)) == 2 and ("s", 9) in c.memory.items
     c.release()
     assert spill_files(tmp_path) == [] and c.memory.nbytes == 0
@@ -79,7 +80,7 @@ def test_refit_that_spills_gives_the_same_model_and_leaves_no_files(model_store,
 
 def test_the_spill_directory_of_a_killed_process_is_purged_by_the_next(tmp_path, monkeypatch):
     code = ("import sys, time, numpy as np; from pipeline.spill import SpillCache\n"
-            "c = SpillCache(); c.get('k', lambda: (np.ones(1000),), 0, lambda k: True)\n"
+            "c = SpillCache(); c.get('k', lambda: (np.ones(1000),), 0)\n"
             "print(c.dir, flush=True); time.sleep(60)\n")
     p = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.PIPE, text=True,
                          env={**os.environ, "TMPDIR": str(tmp_path), "PYTHONPATH": str(ROOT)})
