@@ -45,8 +45,7 @@ bench: $(VENV)/.installed-bench
 # versions tested here; benchmarks/device_scaling.sh installs them there.
 DEVICE_WHEELS := dask==2026.8.0 distributed==2026.8.0 zarr==3.1.6 numcodecs==0.16.6 sparse==0.19.3 \
 	donfig==0.8.1.post1 google-crc32c==1.9.0 partd==1.4.2 locket==1.0.0 tblib==3.2.2 zict==3.0.0 tornado==6.6.1 \
-	importlib_metadata==10.2.0 typer==0.29.2 pydantic==2.14.4 pydantic_core==2.50.5 annotated-types==0.8.0 \
-	typing-inspection==0.4.5
+	importlib_metadata==10.2.0 typer==0.28.0
 device-wheels: | $(BIN)/python
 	rm -rf .whl
 	$(BIN)/python -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \

@@ -236,7 +236,7 @@ def evaluate(
     from pipeline.model import load_model
 
     try:
-        m = load_model(model)
+        m = load_model(model, state=False)
         if workers or scheduler:
             with dask_client(workers, scheduler) as client:
                 res = evaluate_store(m, str(store), split, client)
@@ -269,7 +269,7 @@ def predict(
     from pipeline.predict import predict_to_file
 
     try:
-        n = predict_to_file(load_model(model), str(input), str(out), zero_based=zero_based)
+        n = predict_to_file(load_model(model, state=False), str(input), str(out), zero_based=zero_based)
     except user_errors() as e:
         fail(str(e))
     typer.echo(f"{out}: {n:,} predictions")

@@ -125,11 +125,13 @@ class ModelError(Exception):
     pass
 
 
-def load_model(path) -> Model:
-    """Load a model saved by :meth:`Model.save` (``allow_pickle=False``)."""
+def load_model(path, state: bool = True) -> Model:
+    """Load a model saved by :meth:`Model.save` (``allow_pickle=False``). ``state=False`` reads the weights and
+    the metadata only, not the paths' training state (a resume or warm start needs it; scoring does not): at 16.6M
+    features a tg model's state is two 133 MB arrays to inflate, most of ``evaluate``'s and ``predict``'s time."""
     path = os.fspath(path)
     try:
-        return _load_model(path)
+        return _load_model(path, state)
     except ModelError:
         raise
     except FileNotFoundError:
@@ -147,7 +149,7 @@ def load_model(path) -> Model:
                          f"{' '.join(str(e).split()) or 'no detail'})") from None
 
 
-def _load_model(path: str) -> Model:
+def _load_model(path: str, state: bool = True) -> Model:
     z = np.load(path, allow_pickle=False)
     if not isinstance(z, np.lib.npyio.NpzFile):
         raise ModelError(f"{path}: not a sparsepipe model (a .npy array, not an .npz archive)")
@@ -159,8 +161,8 @@ def _load_model(path: str) -> Model:
             raise ModelError(f"{path}: not a sparsepipe model")
         if meta.get("format_version", 0) > FORMAT_VERSION:
             raise ModelError(f"{path}: model format {meta['format_version']} is newer than this sparsepipe")
-        n_paths = meta.get("n_paths_saved", 0)
-        shared = {k.split("/", 2)[2]: z[k] for k in z.files if k.startswith("state/shared/")}
+        n_paths = meta.get("n_paths_saved", 0) if state else 0
+        shared = {k.split("/", 2)[2]: z[k] for k in z.files if n_paths and k.startswith("state/shared/")}
         states = None
         if n_paths:
             states = []
@@ -169,7 +171,7 @@ def _load_model(path: str) -> Model:
                 s = {k[len(pre):]: z[k] for k in z.files if k.startswith(pre)}
                 s.update({k: v.copy() for k, v in shared.items()})
                 states.append(s)
-        gstate = {k.split("/", 2)[2]: z[k] for k in z.files if k.startswith("state/global/")}
+        gstate = {k.split("/", 2)[2]: z[k] for k in z.files if state and k.startswith("state/global/")}
         n_features = int(meta.pop("n_features"))
         return Model(n_features, z["coef_indices"], z["coef_values"], float(z["bias"][0]), meta, states,
                      gstate or None)

@@ -29,3 +29,24 @@ def test_model_file_is_a_level_1_npz_and_round_trips(tmp_path):
         assert set(a) == {"w", "Gl", "cursor"} and all(np.array_equal(a[k], b[k]) and a[k].dtype == b[k].dtype
                                                        for k in a)
     assert all(np.array_equal(got.gstate[k], gstate[k]) and got.gstate[k].dtype == gstate[k].dtype for k in gstate)
+
+
+def test_loading_without_state_gives_the_same_weights_and_reads_no_state_array(tmp_path, monkeypatch):
+    """``load_model(path, state=False)`` (what ``evaluate`` and ``predict`` use) reads the weights, bias and meta
+    and none of the paths' state arrays."""
+    rng = np.random.default_rng(1)
+    w = np.where(rng.random(20_000) < 0.1, rng.normal(size=20_000), 0.0)
+    states = [{"w": rng.normal(size=20_000), "Gl": np.zeros(20_000)} for _ in range(2)]
+    m = Model.from_dense(w, 0.5, meta={"algorithm": "tg", "shared_keys": ["Gl"]}, states=states,
+                         gstate={"stage": np.array(3, np.int64)})
+    path = tmp_path / "m.npz"
+    m.save(path)
+    full = load_model(path)
+    read = []
+    getitem = np.lib.npyio.NpzFile.__getitem__
+    monkeypatch.setattr(np.lib.npyio.NpzFile, "__getitem__", lambda z, k: read.append(k) or getitem(z, k))
+    lean = load_model(path, state=False)
+    assert read and not [k for k in read if k.startswith("state/")]
+    assert lean.states is None and lean.gstate is None
+    assert lean.n_features == full.n_features and lean.bias == full.bias and lean.meta == full.meta
+    assert np.array_equal(lean.coef_indices, full.coef_indices) and np.array_equal(lean.coef_values, full.coef_values)
