@@ -31,7 +31,9 @@ STEPS = 40  # at most this many λ points a path; each stops PATH_PATIENCE point
 
 
 def main(argv=None):
-    from distributed import Client, LocalCluster
+    from distributed import Client
+
+    from pipeline.cluster import local_cluster
 
     from pipeline import refit as R
     from pipeline.model import load_model
@@ -61,7 +63,7 @@ def main(argv=None):
                        "nnz": int(nz.size), "recall": kept / tidx.size, "precision": kept / max(1, nz.size), **extra})
         print(json.dumps(points[-1]), flush=True)
 
-    with LocalCluster(n_workers=a.workers, threads_per_worker=1, processes=True) as cl, Client(cl) as client:
+    with local_cluster(a.workers, "auto") as cl, Client(cl) as client:
         l2s = [c / rows for c in R.L2_GRID]
         prob = R.RefitProblem(a.store, sup, l2=l2s[0], client=client, split=(R.VALIDATION_FRACTION,
                                                                               int(m.meta.get("seed", 0) or 0)))

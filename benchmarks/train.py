@@ -163,10 +163,11 @@ def main():
     ap.add_argument("--vw-l1", type=float, nargs="+", default=[1e-8, 1e-7])
     ap.add_argument("--sk-alpha", type=float, nargs="+", default=[1e-6])
     args = ap.parse_args()
-    from distributed import Client, LocalCluster
+    from distributed import Client
 
-    with LocalCluster(n_workers=1, threads_per_worker=1, host="127.0.0.1", dashboard_address="127.0.0.1:0",
-                      silence_logs=40) as cl, Client(cl) as client:
+    from pipeline.cluster import local_cluster
+
+    with local_cluster(1, "auto") as cl, Client(cl) as client:
         if args.section in ("speed", "all"):
             speed(args, client)
         if args.section in ("accuracy", "all"):

@@ -9,6 +9,7 @@ bit-identical to a cluster's (tested).
 from __future__ import annotations
 
 import contextlib
+import copy
 import logging
 import os
 import threading
@@ -111,9 +112,9 @@ def as_completed(client, futures):
 def dask_client(workers: int | None = None, scheduler: str | None = None, client=None):
     """Yield a client: ``distributed.Client`` or :class:`ThreadClient`.
 
-    ``client`` is used as is (tests share one cluster); ``scheduler`` joins an existing cluster;
-    ``workers`` starts a LocalCluster of that many processes with one thread each, with scheduler and
-    dashboard bound to 127.0.0.1 only, closed on exit; neither: threads in this process (one per core).
+    ``client`` is used as is (tests share one cluster); ``scheduler`` joins an existing cluster (a worker paused
+    there is reported, :func:`pause_watch`); ``workers`` starts :func:`local_cluster` with that many processes,
+    closed on exit; neither: threads in this process (one per core).
     """
     if client is not None:
         yield client
@@ -123,7 +124,7 @@ def dask_client(workers: int | None = None, scheduler: str | None = None, client
             yield c
         return
     import dask
-    from distributed import Client, LocalCluster
+    from distributed import Client
 
     if scheduler:
         try:
@@ -131,17 +132,81 @@ def dask_client(workers: int | None = None, scheduler: str | None = None, client
         except (OSError, TimeoutError) as e:
             raise OSError(f"{scheduler}: no Dask scheduler answers ({' '.join(str(e).split())}); check the "
                           f"address or drop --scheduler") from None
-        with c:
+        with c, pause_watch(c):
             yield c
         return
-    n = workers
     env = {**worker_environ(), "DASK_LOGGING__DISTRIBUTED": logging.getLevelName(worker_log_level()).lower()}
     with dask.config.set({"distributed.nanny.pre-spawn-environ": env}), \
-            LocalCluster(n_workers=n, threads_per_worker=1, processes=True, host="127.0.0.1",
-                         dashboard_address="127.0.0.1:0", silence_logs=worker_log_level(),
-                         memory_limit=local_memory_limit(n)) as cluster, \
-            Client(cluster) as c:
+            local_cluster(workers, local_memory_limit(workers), worker_log_level()) as cluster, Client(cluster) as c:
         yield c
+
+
+@contextlib.contextmanager
+def local_cluster(workers: int, memory_limit, silence_logs: int = logging.ERROR):
+    """A LocalCluster of ``workers`` processes with one thread each, scheduler and dashboard on 127.0.0.1 only, and
+    no pause: a Dask worker pauses (runs nothing) while its process uses more than 80% of ``memory_limit`` and
+    resumes when that falls, but a sparsepipe worker's memory is its own working arrays, module caches and pages
+    the allocator keeps, which pausing does not free, so a paused worker waited forever, silently (measured: a
+    worker holding 250 MB of a 400 MB limit ran no task for as long as it was watched). Without the pause a
+    worker past the limit is restarted by its nanny (95%), and one that keeps dying stops the run with the
+    engine's WorkerMemoryError; Dask's spilling of stored results (60–70%) stays on."""
+    import dask
+    from distributed import LocalCluster
+
+    # the nannies' own configuration, which they give every worker they start or restart (a dask.config.set
+    # around the cluster's start would reach the first workers only: a nanny's copy shares the nested dicts)
+    config = dask.config.update(copy.deepcopy(dask.config.config), NO_PAUSE)
+    with LocalCluster(n_workers=workers, threads_per_worker=1, processes=True, host="127.0.0.1",
+                      dashboard_address="127.0.0.1:0", silence_logs=silence_logs, memory_limit=memory_limit,
+                      config=config) as cluster:
+        yield cluster
+
+
+NO_PAUSE = {"distributed": {"worker": {"memory": {"pause": False}}}}
+PAUSE_WARN_SECONDS = 30.0
+
+
+@contextlib.contextmanager
+def pause_watch(client, after: float = PAUSE_WARN_SECONDS, every: float = 5.0):
+    """While the body runs, warn on stderr (once per worker) about a worker of a ``--scheduler`` cluster that has
+    been paused for ``after`` seconds: a cluster we did not start keeps Dask's pause (see :func:`local_cluster`),
+    and a worker paused by sparsepipe's own memory runs nothing again, so the run would wait without a word."""
+    import sys
+
+    stop = threading.Event()
+    since: dict[str, float] = {}
+    told: set[str] = set()
+
+    def watch():
+        import time
+
+        while not stop.wait(every):
+            try:
+                workers = client.scheduler_info()["workers"]
+            except Exception:  # noqa: BLE001  (closing client, lost scheduler: the run reports those itself)
+                continue
+            now = time.monotonic()
+            for addr, w in workers.items():
+                if w.get("status") != "paused":
+                    since.pop(addr, None)
+                    continue
+                if now - since.setdefault(addr, now) >= after and addr not in told:
+                    told.add(addr)
+                    used, limit = (w.get("metrics") or {}).get("memory", 0), w.get("memory_limit") or 0
+                    print(f"sparsepipe: warning: Dask worker {addr} has been paused for {now - since[addr]:.0f} s "
+                          f"(its process uses {used / 1e9:.2f} GB of its {limit / 1e9:.2f} GB memory_limit, above "
+                          f"distributed.worker.memory.pause) and runs no task until that falls, which sparsepipe's "
+                          f"working memory does not: give the workers a larger memory_limit, fewer paths each "
+                          f"(more workers), or set distributed.worker.memory.pause: false", file=sys.stderr,
+                          flush=True)
+
+    t = threading.Thread(target=watch, name="sparsepipe-pause-watch", daemon=True)
+    t.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        t.join()
 
 
 def local_memory_limit(workers: int) -> int:

@@ -3,6 +3,8 @@ from pathlib import Path
 
 import pytest
 
+from pipeline.cluster import local_cluster
+
 DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 
 
@@ -25,20 +27,18 @@ def ingest_shared(tmp_path_factory, client, rel: str, name: str, **options) -> s
 
 @pytest.fixture(scope="session")
 def client():
-    from distributed import Client, LocalCluster
+    from distributed import Client
 
-    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1",
-                      dashboard_address="127.0.0.1:0", silence_logs=40) as cluster, Client(cluster) as c:
+    with local_cluster(2, "auto") as cluster, Client(cluster) as c:
         yield c
 
 
 @pytest.fixture(scope="session")
 def one_worker_client():
     """A second real cluster with a single worker, for 1-vs-2-worker determinism tests."""
-    from distributed import Client, LocalCluster
+    from distributed import Client
 
-    with LocalCluster(n_workers=1, threads_per_worker=1, processes=True, host="127.0.0.1",
-                      dashboard_address="127.0.0.1:0", silence_logs=40) as cluster, Client(cluster) as c:
+    with local_cluster(1, "auto") as cluster, Client(cluster) as c:
         yield c
 
 

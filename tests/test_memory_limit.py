@@ -1,12 +1,16 @@
 """Training that cannot fit in the workers' memory_limit is refused before it starts, with a message naming the
 algorithm, the width and a limit that would fit (issue 13 §1); a real LocalCluster with a small limit."""
+import os
 import re
+import signal
+import time
 
 import numpy as np
 import pytest
 from typer.testing import CliRunner
 
 from pipeline.algorithms import make_algorithm
+from pipeline.cluster import local_cluster
 from pipeline.ingest import IngestOptions, ingest
 from pipeline.memory import PROCESS_BASELINE, WorkerMemoryError, state_bytes, worker_need
 from pipeline.train import fit
@@ -29,11 +33,9 @@ def _store(tmp_path, name, width):
 
 @pytest.fixture(scope="module")
 def small_limit_cluster():
-    from distributed import Client, LocalCluster
+    from distributed import Client
 
-    with LocalCluster(n_workers=1, threads_per_worker=1, processes=True, host="127.0.0.1",
-                      dashboard_address="127.0.0.1:0", silence_logs=40, memory_limit="350MB") as cluster, \
-            Client(cluster) as c:
+    with local_cluster(1, "350MB") as cluster, Client(cluster) as c:
         yield c
 
 
@@ -119,3 +121,73 @@ def test_refit_cache_follows_the_workers_memory_limit(small_limit_cluster, tmp_p
     assert far.meta["refit"]["cache"]["memory_bytes"] == 0 and far.meta["refit"]["cache"]["spilled_bytes"] > 0
     np.testing.assert_array_equal(far.coef_values, near.coef_values)
     assert far.bias == near.bias
+
+
+def _hold(total: int) -> int:
+    """On a worker: keep touched memory alive (unmanaged, as a task's working arrays or a cache are) until the
+    process's RSS is ``total`` bytes; returns the RSS."""
+    import builtins
+
+    import psutil
+
+    more = total - psutil.Process().memory_info().rss
+    builtins._sparsepipe_test_hold = np.ones(max(0, more), np.uint8)
+    return psutil.Process().memory_info().rss
+
+
+def _wait_status(client, status: str, seconds: float = 15.0) -> str:
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        got = [w["status"] for w in client.scheduler_info()["workers"].values()]
+        if got and all(g == status for g in got):
+            return status
+        time.sleep(0.2)
+    return ",".join(got)
+
+
+def test_embedded_workers_keep_running_above_the_pause_threshold():
+    """A Dask worker past 80% of its memory_limit pauses until its memory falls, which a sparsepipe worker's own
+    memory does not: the embedded cluster turns the pause off, so a worker at 87% of its limit still runs tasks
+    (with Dask's default it runs none: the next test)."""
+    import dask
+    from distributed import Client
+
+    from pipeline.cluster import dask_client
+
+    def pause():
+        return list(c.run(lambda: dask.config.get("distributed.worker.memory.pause")).values())
+
+    with dask_client(workers=1) as c:
+        assert pause() == [False]
+        ((old, pid),) = c.run(os.getpid).items()
+        os.kill(pid, signal.SIGKILL)  # the worker its nanny starts again keeps the setting
+        for _ in range(150):
+            if (now := set(c.scheduler_info()["workers"])) and old not in now:
+                break
+            time.sleep(0.2)
+        assert list(c.run(os.getpid).values()) != [pid] and pause() == [False]
+    assert dask.config.get("distributed.worker.memory.pause") == 0.8  # this process's configuration is untouched
+    with local_cluster(1, "1GB") as cluster, Client(cluster) as c:
+        assert c.submit(_hold, 870_000_000, pure=False).result() > 800_000_000
+        assert _wait_status(c, "paused", 3.0) == "running"
+        assert c.submit(sum, [1, 2]).result(timeout=30) == 3
+
+
+def test_a_paused_worker_of_a_users_cluster_is_reported(capsys):
+    """On a cluster we did not start (``--scheduler``), Dask's pause stays; a worker paused for ``after`` seconds
+    is named on stderr with its memory, its limit and the settings that would let the run go on, once."""
+    from distributed import Client, LocalCluster
+
+    from pipeline.cluster import pause_watch
+
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=True, host="127.0.0.1",
+                      dashboard_address="127.0.0.1:0", silence_logs=50, memory_limit="1GB") as cluster, \
+            Client(cluster) as c:
+        assert c.submit(_hold, 870_000_000, pure=False).result() > 800_000_000
+        assert _wait_status(c, "paused") == "paused"
+        (addr,) = c.scheduler_info()["workers"]
+        with pause_watch(c, after=1.0, every=0.2):
+            time.sleep(2.5)
+        err = capsys.readouterr().err
+        assert err.count("warning: Dask worker") == 1 and addr in err
+        assert "of its 1.00 GB memory_limit" in err and "distributed.worker.memory.pause: false" in err
