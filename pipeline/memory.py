@@ -83,7 +83,7 @@ def _gb(b: float) -> str:
 
 def message(algo, n_features: int, need: dict, limit: int, n_workers: int, cause: str) -> str:
     """The one-line explanation: algorithm, width, the estimate and its parts, the limit, what would fit."""
-    fit = max(0, (limit - PROCESS_BASELINE - need["global"] - need["exchange"] - need["cache"])
+    fit = max(0, (usable(limit) - PROCESS_BASELINE - need["global"] - need["exchange"] - need["cache"])
               // max(1, need["path"] + need["work"] + need["scratch"]))
     advice = (f"start the workers with memory_limit >= {_gb(need['total'] * 1.1)} (Dask's worker memory_limit; "
               f"`--workers N` gives each of N workers 1/N of this machine's memory)")
@@ -96,7 +96,8 @@ def message(algo, n_features: int, need: dict, limit: int, n_workers: int, cause
             f"{_gb(need['scratch'])}), global {_gb(need['global'])}, "
             f"stage-end merge {_gb(need['exchange'])}, block cache {_gb(need['cache'])}, "
             f"process {_gb(PROCESS_BASELINE)}); {cause} "
-            + (f"memory_limit is {_gb(limit)}: " if limit else "memory_limit is not set (the machine ran out): ")
+            + (f"memory_limit is {_gb(limit)} (restarted past {_gb(usable(limit))}): " if limit
+               else "memory_limit is not set (the machine ran out): ")
             + advice)
 
 
@@ -121,14 +122,24 @@ def check_fits(client, algo, n_features: int, paths: int, cache_bytes: int) -> i
     if not limit:
         return cache_bytes
     need = refuse(algo, n_features, paths, len(every), limit, "the workers'")
-    return cache_bytes if need["total"] + cache_bytes <= limit else 0
+    return cache_bytes if need["total"] + cache_bytes <= usable(limit) else 0
+
+
+def usable(limit: int) -> int:
+    """The part of a worker's ``limit`` it can use: its nanny restarts it past ``distributed.worker.memory.terminate``
+    (95% by default) of the limit, and the embedded cluster does not pause it before (:func:`pipeline.cluster.
+    local_cluster`)."""
+    import dask
+
+    f = dask.config.get("distributed.worker.memory.terminate", default=False)
+    return int(limit * f) if isinstance(f, (int, float)) and not isinstance(f, bool) and 0 < f < 1 else int(limit)
 
 
 def refuse(algo, n_features: int, paths: int, n_workers: int, limit: int, cause: str) -> dict:
-    """Raise :class:`WorkerMemoryError` when a worker's share of ``paths`` does not fit in ``limit`` bytes; return
-    the need (:func:`worker_need`) otherwise."""
+    """Raise :class:`WorkerMemoryError` when a worker's share of ``paths`` does not fit in the :func:`usable` part of
+    ``limit`` bytes; return the need (:func:`worker_need`) otherwise."""
     need = worker_need(algo, n_features, math.ceil(paths / max(1, n_workers)))
-    if need["total"] > limit:
+    if need["total"] > usable(limit):
         raise WorkerMemoryError(message(algo, n_features, need, limit, n_workers, cause))
     return need
 

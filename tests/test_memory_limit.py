@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 from pipeline.algorithms import make_algorithm
 from pipeline.cluster import local_cluster
 from pipeline.ingest import IngestOptions, ingest
-from pipeline.memory import PROCESS_BASELINE, WorkerMemoryError, state_bytes, worker_need
+from pipeline.memory import PROCESS_BASELINE, WorkerMemoryError, refuse, state_bytes, usable, worker_need
 from pipeline.train import fit
 
 WIDE = 3_000_000  # tg: 2 x 48 MB of path state + 0.3 GB process > a 350 MB limit
@@ -192,3 +192,20 @@ def test_a_paused_worker_of_a_users_cluster_is_reported(capsys):
         err = capsys.readouterr().err
         assert err.count("warning: Dask worker") == 1 and addr in err
         assert "of its 1.00 GB memory_limit" in err and "distributed.worker.memory.pause: false" in err
+
+
+def test_the_check_leaves_the_nannys_restart_margin():
+    """A worker's nanny restarts it past 95% of its memory_limit (Dask's terminate fraction), so a need between 95%
+    and 100% of the limit is refused up front, naming both figures, instead of dying mid-run."""
+    import dask
+
+    algo = make_algorithm("tg", {})
+    need = worker_need(algo, WIDE, 1)["total"]
+    assert dask.config.get("distributed.worker.memory.terminate") == 0.95
+    assert usable(1_000_000_000) == 950_000_000
+    assert refuse(algo, WIDE, 1, 1, int(need / 0.93), "the workers'")["total"] == need
+    with pytest.raises(WorkerMemoryError) as e:
+        refuse(algo, WIDE, 1, 1, int(need / 0.97), "the workers'")
+    assert f"memory_limit is {int(need / 0.97) / 1e9:.2f} GB (restarted past" in str(e.value)
+    with dask.config.set({"distributed.worker.memory.terminate": False}):
+        assert usable(1_000_000_000) == 1_000_000_000
