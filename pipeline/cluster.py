@@ -141,6 +141,10 @@ def dask_client(workers: int | None = None, scheduler: str | None = None, client
         yield c
 
 
+NO_PAUSE = {"distributed": {"worker": {"memory": {"pause": False}}}}
+PAUSE_WARN_SECONDS = 30.0
+
+
 @contextlib.contextmanager
 def local_cluster(workers: int, memory_limit, silence_logs: int = logging.ERROR):
     """A LocalCluster of ``workers`` processes with one thread each, scheduler and dashboard on 127.0.0.1 only, and
@@ -160,10 +164,6 @@ def local_cluster(workers: int, memory_limit, silence_logs: int = logging.ERROR)
                       dashboard_address="127.0.0.1:0", silence_logs=silence_logs, memory_limit=memory_limit,
                       config=config) as cluster:
         yield cluster
-
-
-NO_PAUSE = {"distributed": {"worker": {"memory": {"pause": False}}}}
-PAUSE_WARN_SECONDS = 30.0
 
 
 @contextlib.contextmanager

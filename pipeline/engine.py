@@ -155,6 +155,12 @@ class BlockCache:
                     self.nbytes += size
         return value
 
+    def drop(self, unwanted=lambda key: True) -> None:
+        """Drop the entries whose key ``unwanted`` accepts (default: all)."""
+        with self.lock:
+            for k in [k for k in self.items if unwanted(k)]:
+                self._drop(k)
+
     def _drop(self, key):
         self.nbytes -= sum(a.nbytes for a in self.items.pop(key))
 

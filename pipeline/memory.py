@@ -83,7 +83,8 @@ def _gb(b: float) -> str:
 
 def message(algo, n_features: int, need: dict, limit: int, n_workers: int, cause: str) -> str:
     """The one-line explanation: algorithm, width, the estimate and its parts, the limit, what would fit."""
-    fit = max(0, (usable(limit) - PROCESS_BASELINE - need["global"] - need["exchange"] - need["cache"])
+    room = usable(limit)
+    fit = max(0, (room - PROCESS_BASELINE - need["global"] - need["exchange"] - need["cache"])
               // max(1, need["path"] + need["work"] + need["scratch"]))
     advice = (f"start the workers with memory_limit >= {_gb(need['total'] * 1.1)} (Dask's worker memory_limit; "
               f"`--workers N` gives each of N workers 1/N of this machine's memory)")
@@ -96,7 +97,7 @@ def message(algo, n_features: int, need: dict, limit: int, n_workers: int, cause
             f"{_gb(need['scratch'])}), global {_gb(need['global'])}, "
             f"stage-end merge {_gb(need['exchange'])}, block cache {_gb(need['cache'])}, "
             f"process {_gb(PROCESS_BASELINE)}); {cause} "
-            + (f"memory_limit is {_gb(limit)} (restarted past {_gb(usable(limit))}): " if limit
+            + (f"memory_limit is {_gb(limit)} (restarted past {_gb(room)}): " if limit
                else "memory_limit is not set (the machine ran out): ")
             + advice)
 

@@ -229,7 +229,7 @@ def release_blocks() -> tuple[int, int]:
     if _BLOCKS is None:
         return 0, 0
     held = (_BLOCKS.memory.nbytes, _BLOCKS.spilled_bytes)
-    _BLOCKS.release()
+    _BLOCKS.drop()
     trim_heap()
     return held
 

@@ -2,7 +2,7 @@
 
 The refit sweeps every one of a worker's compacted blocks at each of its 100-300 evaluations. Rebuilding a block
 (decode it, compact it to S) costs ~15x evaluating it, and an LRU smaller than the sweep hits nothing, so the
-blocks that fit the memory budget stay (:meth:`pipeline.engine.BlockCache.get` with ``keep``) and the others are
+blocks that fit the memory budget stay (:meth:`pipeline.engine.BlockCache.get` with ``pin``) and the others are
 written once to a spill directory and read back at each sweep (350k webspam-like rows, stsgd's S: ~1 ms per 8 MB
 block from the OS page cache against ~4 ms to evaluate it and ~60 ms to rebuild it). That is what keeps a worker's
 memory bounded whatever the rows: the page cache holding the spill files is the kernel's to reclaim, and under
@@ -106,16 +106,10 @@ class SpillCache:
     def drop(self, unwanted=lambda key: True) -> None:
         """Drop the entries whose key ``unwanted`` accepts (default: all), in memory and on disk."""
         with self.lock:
-            with self.memory.lock:
-                for k in [k for k in self.memory.items if unwanted(k)]:
-                    self.memory._drop(k)
+            self.memory.drop(unwanted)
             files = [self.files.pop(k) for k in [k for k in self.files if unwanted(k)]]
         for p in files:
             p.unlink(missing_ok=True)
-
-    def release(self) -> None:
-        """Drop every entry, in memory and on disk."""
-        self.drop()
 
     @property
     def spilled_bytes(self) -> int:

@@ -54,7 +54,7 @@ def test_spill_cache_keeps_what_fits_spills_the_rest_and_drops_what_is_not_kept(
     c.drop(lambda key: key[1] < 4)  # entries 0-3 no longer wanted: out of memory and off the disk
     get(9)
     assert len(spill_files(tmp_path)) == 2 and ("s", 9) in c.memory.items
-    c.release()
+    c.drop()
     assert spill_files(tmp_path) == [] and c.memory.nbytes == 0
 
 
