@@ -28,7 +28,7 @@ from typing import List, Optional
 import typer
 
 from cli.app import apply_verify, fail
-from pipeline.algorithms import ALGORITHMS  # the registry only (the algorithms' modules load when used)
+from pipeline.algorithms import ALGORITHMS, DEFAULT_ALGO  # the registry only (the algorithms' modules load when used)
 
 # Run settings: read by the engine, not by the algorithm. Types for --config checks.
 RUN_TYPES = {"algo": str, "passes": int, "paths": int, "seed": int, "workers": int, "scheduler": str,
@@ -62,7 +62,7 @@ class Opt:
 
 
 OPTIONS = [
-    Opt("algo", Optional[str], "Algorithm: " + " | ".join(ALGORITHMS) + " (default tg). `sparsepipe algorithms "
+    Opt("algo", Optional[str], "Algorithm: " + " | ".join(ALGORITHMS) + " (default stsgd). `sparsepipe algorithms "
         "[NAME]` describes each and its hyper-parameters.", kind="run"),
     Opt("loss", Optional[str], "logistic | hinge | squared (the algorithm's default otherwise)."),
     Opt("passes", Optional[int], "Passes over the training blocks (default 5).", kind="run", min=1),
@@ -129,7 +129,7 @@ class TrainingOptions:
     def given(self) -> dict:
         return {k: v for k, v in self.values.items() if v is not None and v is not False and v != []}
 
-    def resolve(self, default_algo: str = "tg", defaults: dict | None = None) -> Resolved:
+    def resolve(self, default_algo: str = DEFAULT_ALGO, defaults: dict | None = None) -> Resolved:
         """Merge config < command line < --set; check keys, types and per-algorithm flags (exit 2 with one
         line on a problem). ``defaults``: run settings of the command (e.g. stability's paths = 1)."""
         v = self.values

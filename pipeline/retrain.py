@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from pipeline.algorithms import DEFAULT_ALGO
 from pipeline.registry import LockedError, RegistryError, open_registry
 
 FAULT_ENV = "SPARSEPIPE_FAULT"
@@ -100,7 +101,7 @@ class JobConfig:
 
     @property
     def algo(self) -> str:
-        return self.train.get("algo", "tg")
+        return self.train.get("algo", DEFAULT_ALGO)
 
     def hyper(self) -> dict:
         return {k: v for k, v in self.train.items() if k not in TRAIN_RUN_KEYS}
@@ -164,7 +165,7 @@ def load_job(path=None, overrides: dict | None = None, train_keys=None) -> JobCo
         return t
 
     tr = dict(raw.get("train", {}))
-    algo = tr.get("algo", "tg")
+    algo = tr.get("algo", DEFAULT_ALGO)
     allowed = train_keys(algo) if train_keys else (TRAIN_RUN_KEYS | hyper_names(algo))
     tr = table("train", allowed)
     g = table("gate", {f.name for f in dataclasses.fields(Gate)})

@@ -3,11 +3,11 @@ from __future__ import annotations
 
 import time
 
-from pipeline.algorithms import make_algorithm
+from pipeline.algorithms import DEFAULT_ALGO, make_algorithm
 from pipeline.model import Model
 
 
-def fit(store_path: str, algo: str = "tg", options: dict | None = None, *, passes: int = 5, paths: int = 1,
+def fit(store_path: str, algo: str = DEFAULT_ALGO, options: dict | None = None, *, passes: int = 5, paths: int = 1,
         seed: int = 0, client=None, init_model: Model | None = None, placement: str = "paths",
         stage_blocks: int = 0, evaluate: bool = True, max_density: float | None = None,
         evaluate_every: int = 1, shuffle_window: int = 4, progress=None, blocks=None,

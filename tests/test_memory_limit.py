@@ -108,17 +108,21 @@ def test_embedded_workers_that_cannot_fit_are_refused_before_they_start(tmp_path
 def test_refit_cache_follows_the_workers_memory_limit(small_limit_cluster, tmp_path):
     """The refit's in-memory block cache fits beside a process under the workers' memory_limit: under a 350 MB
     limit it holds nothing in memory (every compacted block is spilled to disk and read back) and the model is
-    the same bit for bit."""
-    from pipeline.refit import RefitProblem, refit
+    the same bit for bit. (A refit whose blocks fit in one budget runs on this process's threads instead,
+    :func:`pipeline.refit.refit_client`; one budget less than them keeps it on the worker.)"""
+    from pipeline.refit import RefitProblem, compacted_bytes, refit
+    from pipeline.store.reader import open_store
 
     store = _store(tmp_path, "refit", 60)
     m = fit(store, "tg", {"gravity": 1e-3}, passes=2, paths=1, evaluate=False)
     S = m.coef_indices
     assert RefitProblem(store, S, l2=1e-4, client=small_limit_cluster).cache_bytes == 0
     assert RefitProblem(store, S, l2=1e-4).cache_bytes > 0  # in process: no limit
-    far = refit(m, store, client=small_limit_cluster, l1=0, max_iter=30)
-    near = refit(m, store, l1=0, max_iter=30)
-    assert far.meta["refit"]["cache"]["memory_bytes"] == 0 and far.meta["refit"]["cache"]["spilled_bytes"] > 0
+    budget = compacted_bytes(open_store(store), np.sort(S)) - 1
+    far = refit(m, store, client=small_limit_cluster, l1=0, max_iter=30, cache_bytes=budget)
+    near = refit(m, store, l1=0, max_iter=30, cache_bytes=budget)
+    held = far.meta["refit"]["cache"]
+    assert held["executor"] == "workers" and held["memory_bytes"] == 0 and held["spilled_bytes"] > 0
     np.testing.assert_array_equal(far.coef_values, near.coef_values)
     assert far.bias == near.bias
 

@@ -712,6 +712,30 @@ def test_resume_through_a_refitted_model_equals_the_uninterrupted_run(small):
     assert more.bias == five.bias
 
 
+def test_a_refit_that_fits_in_one_budget_runs_on_threads_here_with_the_workers_bits(small, client):
+    """On a cluster started in this process (``--workers N``) a refit whose compacted blocks fit in one cache
+    budget runs on this process's threads (no round trip to the workers per evaluation); one byte less of budget
+    keeps it on the workers; a client of the same cluster joined by address (``--scheduler``) keeps the workers
+    too. The model is the same bit for bit everywhere."""
+    from distributed import Client
+
+    from pipeline.refit import compacted_bytes
+
+    store, model = small
+    need = compacted_bytes(open_store(store), np.sort(model.coef_indices))
+    kw = dict(l1=0, max_iter=40)
+    here = refit(model, store, client=client, cache_bytes=need, **kw)
+    there = refit(model, store, client=client, cache_bytes=need - 1, **kw)
+    with Client(client.scheduler.address) as joined:
+        joined_fit = refit(model, store, client=joined, cache_bytes=need, **kw)
+    assert here.meta["refit"]["cache"]["executor"] == "threads"
+    assert there.meta["refit"]["cache"]["executor"] == joined_fit.meta["refit"]["cache"]["executor"] == "workers"
+    for other in (there, joined_fit):
+        np.testing.assert_array_equal(other.coef_indices, here.coef_indices)
+        np.testing.assert_array_equal(other.coef_values, here.coef_values)
+        assert other.bias == here.bias
+
+
 def test_fit_with_refit_reports_the_refitted_holdout_metrics(small, client):
     from pipeline.evaluate import evaluate_store
 
@@ -737,8 +761,15 @@ def test_cli_train_refit_end_to_end(small, tmp_path):
     assert summary["refit"]["holdout_before"]["n_rows"] == m.meta["holdout"]["n_rows"]
     assert m.meta["refit"]["l2"] == 1e-4 and m.states is not None
     assert summary["refit"]["l1"] > 0 and summary["refit"]["nnz_before"] >= m.nnz
-    r2 = CliRunner().invoke(app, ["train", store, "--out", str(tmp_path / "x.npz"), "--refit-l2", "1e-3"])
+    r2 = CliRunner().invoke(app, ["train", store, "--out", str(tmp_path / "x.npz"), "--algo", "tg", "--refit-l2",
+                                  "1e-3"])
     assert r2.exit_code == 2 and "--refit" in r2.output
+    # without --algo: stsgd (pipeline.algorithms.DEFAULT_ALGO), which refits by default and so takes --refit-l2
+    r2 = CliRunner().invoke(app, ["train", store, "--out", str(tmp_path / "x.npz"), "--passes", "2", "--refit-l2",
+                                  "1e-3"])
+    assert r2.exit_code == 0, r2.output
+    m2 = load_model(tmp_path / "x.npz")
+    assert m2.algorithm == "stsgd" and m2.meta["refit"]["l2"] == 1e-3
     r3 = CliRunner().invoke(app, ["train", store, "--out", str(tmp_path / "y.npz"), "--refit", "--refit-l1", "x"])
     assert r3.exit_code == 2 and "--refit-l1" in r3.output and not (tmp_path / "y.npz").exists()
     r4 = CliRunner().invoke(app, ["train", store, "--out", str(tmp_path / "z.npz"), "--algo", "ftrl", "--set", "l1=3",
@@ -752,7 +783,7 @@ def test_cli_train_refit_end_to_end(small, tmp_path):
         assert r5.exit_code == 0, r5.output
     assert load_model(on).meta["refit"]["l1"] == 0.0 and "refit" not in load_model(off).meta
     assert load_model(on).meta["refit"]["nnz_before"] == load_model(off).nnz
-    r6 = CliRunner().invoke(app, ["train", store, "--out", str(tmp_path / "w.npz"), "--refit-relax"])
+    r6 = CliRunner().invoke(app, ["train", store, "--out", str(tmp_path / "w.npz"), "--algo", "tg", "--refit-relax"])
     assert r6.exit_code == 2 and "--refit-relax" in r6.output and not (tmp_path / "w.npz").exists()
 
 

@@ -304,7 +304,7 @@ def test_retrain_without_new_trains_on_current_window(base2, tmp_path):
 
 def test_shipped_nightly_config_loads():
     cfg = load_job(os.path.join(ROOT, "configs", "nightly.toml"))
-    assert cfg.algo == "tg" and cfg.gate.metric == "error" and cfg.validation.max_unseen_share == 0.5
+    assert cfg.algo == "stsgd" and cfg.gate.metric == "error" and cfg.validation.max_unseen_share == 0.5
 
 
 def test_train_generations_window_reads_only_the_newest_generations(base2, tmp_path):
