@@ -206,6 +206,7 @@ def study_set(name: str, losses, log) -> dict:
         r["tg_best"] = tg_best
         r["tg_sparse"] = min((x for x in r["tg"] if x["error"] <= tg_best["error"] + 0.01),
                              key=lambda x: (x["density"], x["error"]))
+        r["tg_default"] = run_fit(where, "tg", {"loss": loss})  # tg's own defaults (scale "data")
         r["stsgd_default"] = run_fit(where, "stsgd", {"loss": loss})
         r["stsgd_grid"] = [run_fit(where, "stsgd", {"loss": loss, "l1": l1, "K": K}) for l1 in STSGD_L1 for K in STSGD_K]
         r["ftrl_default"] = run_fit(where, "ftrl", {"loss": loss})
@@ -225,6 +226,8 @@ def study_set(name: str, losses, log) -> dict:
         r["check_stsgd_refit_vs_tg"] = bool(sr["error"] <= tg_best["error"] + 0.01
                                             and sr["density"] <= tg_best["density"] / 2)
         r["check_ours_vs_ll"] = bool(sparse and ours[1]["error"] <= ours[2]["error"] + 0.01)
+        # the default --algo (stsgd, refitted) against the former one (tg), both with their defaults
+        r["check_default_algo"] = bool(sr["error"] <= r["tg_default"]["error"])
         r["cpu_s"] = round(time.process_time() - c0, 2)
         info["losses"][loss] = r
         log(f"{name}/{loss}: tg best {tg_best['error']:.4f} d={tg_best['density']:.4f} | stsgd {sd['error']:.4f} "
@@ -305,6 +308,7 @@ def table(sets: dict) -> list[dict]:
             rows.append({
                 "set": n, "eval": "test" if info["split"] == "all" else "holdout", "loss": loss,
                 "stsgd def err% (dens%)": f"{_e(sd)} ({_d(sd)})",
+                "tg def err% (dens%)": f"{_e(r['tg_default'])} ({_d(r['tg_default'])})" if "tg_default" in r else "",
                 "tg best err% (dens%) [eta, g]": f"{_e(tb)} ({_d(tb)}) [{tb['options']['eta']:g}, {tb['options']['gravity']:g}]",
                 "tg sparsest ≤1pt [eta, g]": f"{_e(ts)} ({_d(ts)}) [{ts['options']['eta']:g}, {ts['options']['gravity']:g}]",
                 "ftrl def err% (dens%)": f"{_e(fd)} ({_d(fd)})",
@@ -316,6 +320,7 @@ def table(sets: dict) -> list[dict]:
                 "stsgd≤tg+1 at ≤½ dens": "yes" if r["check_stsgd_vs_tg"] else "no",
                 "stsgd+refit≤tg+1 at ≤½ dens": "yes" if r["check_stsgd_refit_vs_tg"] else "no",
                 "best def at ≤2% ≤ LL@dens+1": ("yes" if r["check_ours_vs_ll"] else "no") + f" ({r['best_default']})",
+                "stsgd+refit ≤ tg def": ("yes" if r["check_default_algo"] else "no") if "check_default_algo" in r else "",
             })
     return rows
 
@@ -345,7 +350,8 @@ def main(argv=None):
     lo = loso(sets)
     rows = table(sets)
     checks = {n: {loss: {"stsgd_vs_tg": r["check_stsgd_vs_tg"], "stsgd_refit_vs_tg": r["check_stsgd_refit_vs_tg"],
-                         "ours_vs_liblinear": r["check_ours_vs_ll"]}
+                         "ours_vs_liblinear": r["check_ours_vs_ll"],
+                         "default_algo_vs_tg_default": r["check_default_algo"]}
                   for loss, r in info["losses"].items()} for n, info in sets.items()}
     report(a.name, {"settings": {"passes": PASSES, "paths": PATHS, "seed": SEED, "train_seed": a.train_seed,
                                  "tg_etas": TG_ETAS,
