@@ -75,6 +75,7 @@ def refit(
     apply_verify(no_verify)
     from pipeline.cluster import dask_client
     from pipeline.model import load_model
+    from pipeline.refit import fits_here
     from pipeline.store.reader import open_store
     from pipeline.train import refit_model
 
@@ -83,6 +84,8 @@ def refit(
         m = load_model(model)
         st = open_store(str(store))
         blocks = (m.meta.get("provenance") or {}).get("blocks")  # a model trained on a window: the same rows
+        if workers and not scheduler and fits_here(st, m.coef_indices, blocks):
+            workers = None  # it would run on this process's threads anyway: no cluster to start (refit_client)
         with dask_client(workers, scheduler) as client:
             r = refit_model(m, st, client, blocks, True, options)
         r.meta["refit"]["input_model"] = str(model)

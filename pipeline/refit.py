@@ -423,6 +423,12 @@ def compacted_bytes(st, support, blocks=None) -> int:
     return nnz * (K.position_dtype(support.size).itemsize + st.data_dtype.itemsize) + 8 * rows
 
 
+def fits_here(st, support, blocks=None, cache_bytes: int = DEFAULT_CACHE_BYTES) -> bool:
+    """Whether the training blocks compacted to ``support`` fit in one cache budget: then a refit on a cluster
+    started by this process runs on this process's threads (:func:`refit_client`)."""
+    return compacted_bytes(st, np.sort(np.asarray(support, dtype=np.int64)), blocks) <= cache_bytes
+
+
 @contextlib.contextmanager
 def refit_client(client, st, support, blocks=None, cache_bytes: int = DEFAULT_CACHE_BYTES):
     """The refit's executor: ``client``, or threads of this process (:class:`pipeline.cluster.ThreadClient`) in
@@ -435,7 +441,7 @@ def refit_client(client, st, support, blocks=None, cache_bytes: int = DEFAULT_CA
     from pipeline.cluster import ThreadClient
 
     local = (getattr(client, "cluster", None) is not None and hasattr(client, "run")
-             and compacted_bytes(st, support, blocks) <= cache_bytes)
+             and fits_here(st, support, blocks, cache_bytes))
     if not local:
         yield client
         return

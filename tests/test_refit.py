@@ -802,6 +802,19 @@ def test_cli_refit_command_equals_the_api_and_leaves_the_input(small, tmp_path):
     np.testing.assert_array_equal(got.coef_values, ref.coef_values)
     assert summary["nnz"] == got.nnz and summary["holdout"]["error"] == got.meta["holdout"]["error"]
     assert got.meta["refit"]["input_model"] == str(src) and src.read_bytes() == before
+    # --workers 2 for a refit that runs on this process's threads anyway starts no cluster: the same model
+    import distributed
+
+    def no_cluster(*a, **k):
+        raise AssertionError("a LocalCluster was started")
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(distributed, "LocalCluster", no_cluster)
+        r2 = CliRunner().invoke(app, ["refit", str(src), store, "--out", str(tmp_path / "w.npz"), "--workers", "2"])
+    assert r2.exit_code == 0, r2.output
+    w = load_model(tmp_path / "w.npz")
+    np.testing.assert_array_equal(w.coef_values, got.coef_values)
+    assert w.meta["refit"]["cache"]["executor"] == "threads"
     bad = CliRunner().invoke(app, ["refit", str(src), store, "--out", str(tmp_path / "b.npz"), "--l1", "-1"])
     assert bad.exit_code == 2 and "--l1" in bad.output and not (tmp_path / "b.npz").exists()
     missing = CliRunner().invoke(app, ["refit", str(tmp_path / "none.npz"), store, "--out", str(tmp_path / "c.npz")])
