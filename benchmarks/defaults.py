@@ -308,7 +308,7 @@ def table(sets: dict) -> list[dict]:
             rows.append({
                 "set": n, "eval": "test" if info["split"] == "all" else "holdout", "loss": loss,
                 "stsgd def err% (dens%)": f"{_e(sd)} ({_d(sd)})",
-                "tg def err% (dens%)": f"{_e(r['tg_default'])} ({_d(r['tg_default'])})" if "tg_default" in r else "",
+                "tg def err% (dens%)": f"{_e(r['tg_default'])} ({_d(r['tg_default'])})",
                 "tg best err% (dens%) [eta, g]": f"{_e(tb)} ({_d(tb)}) [{tb['options']['eta']:g}, {tb['options']['gravity']:g}]",
                 "tg sparsest ≤1pt [eta, g]": f"{_e(ts)} ({_d(ts)}) [{ts['options']['eta']:g}, {ts['options']['gravity']:g}]",
                 "ftrl def err% (dens%)": f"{_e(fd)} ({_d(fd)})",
@@ -320,7 +320,7 @@ def table(sets: dict) -> list[dict]:
                 "stsgd≤tg+1 at ≤½ dens": "yes" if r["check_stsgd_vs_tg"] else "no",
                 "stsgd+refit≤tg+1 at ≤½ dens": "yes" if r["check_stsgd_refit_vs_tg"] else "no",
                 "best def at ≤2% ≤ LL@dens+1": ("yes" if r["check_ours_vs_ll"] else "no") + f" ({r['best_default']})",
-                "stsgd+refit ≤ tg def": ("yes" if r["check_default_algo"] else "no") if "check_default_algo" in r else "",
+                "stsgd+refit ≤ tg def": "yes" if r["check_default_algo"] else "no",
             })
     return rows
 

@@ -414,23 +414,23 @@ def support_stats(st, support) -> tuple[np.ndarray, np.ndarray]:
     return count, ss
 
 
-def compacted_bytes(st, support, blocks=None) -> int:
+def compacted_bytes(st, support, blocks=None, counts=None) -> int:
     """The training blocks compacted to ``support`` (:func:`compacted`), in bytes: its non-zeros over the whole
-    training split (the store's statistics; an upper bound for a window of ``blocks``) as (position, value) pairs,
-    and a row pointer per row."""
-    nnz = int(support_stats(st, support)[0].sum())
+    training split (``counts``, or the store's statistics read here; an upper bound for a window of ``blocks``) as
+    (position, value) pairs, and a row pointer per row."""
+    nnz = int((support_stats(st, support)[0] if counts is None else counts).sum())
     rows = sum(int(e["rows"]) for e in st.entries("train", blocks))
     return nnz * (K.position_dtype(support.size).itemsize + st.data_dtype.itemsize) + 8 * rows
 
 
-def fits_here(st, support, blocks=None, cache_bytes: int = DEFAULT_CACHE_BYTES) -> bool:
+def fits_here(st, support, blocks=None, cache_bytes: int = DEFAULT_CACHE_BYTES, counts=None) -> bool:
     """Whether the training blocks compacted to ``support`` fit in one cache budget: then a refit on a cluster
     started by this process runs on this process's threads (:func:`refit_client`)."""
-    return compacted_bytes(st, np.sort(np.asarray(support, dtype=np.int64)), blocks) <= cache_bytes
+    return compacted_bytes(st, np.sort(np.asarray(support, dtype=np.int64)), blocks, counts) <= cache_bytes
 
 
 @contextlib.contextmanager
-def refit_client(client, st, support, blocks=None, cache_bytes: int = DEFAULT_CACHE_BYTES):
+def refit_client(client, st, support, blocks=None, cache_bytes: int = DEFAULT_CACHE_BYTES, counts=None):
     """The refit's executor: ``client``, or threads of this process (:class:`pipeline.cluster.ThreadClient`) in
     place of the worker processes of a cluster started here (``--workers N``: ``client.cluster`` is set) when the
     compacted blocks fit in one cache budget. Its L-BFGS makes hundreds of passes, each a round trip to the
@@ -441,7 +441,7 @@ def refit_client(client, st, support, blocks=None, cache_bytes: int = DEFAULT_CA
     from pipeline.cluster import ThreadClient
 
     local = (getattr(client, "cluster", None) is not None and hasattr(client, "run")
-             and fits_here(st, support, blocks, cache_bytes))
+             and fits_here(st, support, blocks, cache_bytes, counts))
     if not local:
         yield client
         return
@@ -453,7 +453,7 @@ class RefitProblem:
     """F(w, b) and its gradient over the training blocks of a store, for weights on ``support``."""
 
     def __init__(self, store_path: str, support, *, l2: float, loss: str = "logistic", client=None,
-                 blocks=None, cache_bytes: int = DEFAULT_CACHE_BYTES, split=(0.0, 0), progress=None):
+                 blocks=None, cache_bytes: int = DEFAULT_CACHE_BYTES, split=(0.0, 0), progress=None, stats=None):
         from pipeline.engine import DataRef, DaskExec, LocalExec
         from pipeline.store.reader import open_store
 
@@ -488,7 +488,7 @@ class RefitProblem:
         self._count_lock = threading.Lock()  # the validated path's l2 segments evaluate from threads of their own
         self.cancelled = threading.Event()  # set: every evaluation raises (a segment failed or was interrupted)
         self.progress = progress  # called with the evaluation count after every evaluation
-        self._store, self._scale, self._stats = st, None, None
+        self._store, self._scale, self._stats = st, None, stats  # stats: :func:`support_stats` when known
         self.cache_bytes = self.fitting_cache(self.cache_bytes)
 
     def support_stats(self) -> tuple[np.ndarray, np.ndarray]:
@@ -979,9 +979,10 @@ def refit(model, store_path: str, client=None, l2: float = DEFAULT_L2, max_iter:
     from pipeline.memory import trim_heap
 
     everywhere(client, trim_heap)  # the learner's freed pages, before the cache takes its budget
-    with refit_client(client, st, support, blocks, cache_bytes) as client:
+    stats = support_stats(st, support)  # read once (16.6M features: three arrays of the store's width)
+    with refit_client(client, st, support, blocks, cache_bytes, stats[0]) as client:
         prob = RefitProblem(store_path, support, l2=l2, loss=loss, client=client, blocks=blocks,
-                            cache_bytes=cache_bytes, split=split, progress=progress)
+                            cache_bytes=cache_bytes, split=split, progress=progress, stats=stats)
         try:
             x0 = np.append(w0, float(model.bias))
             f0, g0 = prob.evaluate(x0)
