@@ -142,28 +142,40 @@ def dask_client(workers: int | None = None, scheduler: str | None = None, client
 
 
 NO_PAUSE = {"distributed": {"worker": {"memory": {"pause": False}}}}
+# Dask's background work per process that an embedded cluster does not need, measured on a 16-worker LocalCluster
+# left idle (2-core machine): 14.6 CPU-s per 30 s with Dask's defaults, 2.1 with these (0.49 -> 0.07 of a core;
+# benchmarks/background.py). The statistical profiler samples every thread's stack every 10 ms (for the
+# dashboard's profile page); the event-loop tick runs every 20 ms (to warn of a loop blocked for 3 s); the system
+# monitor reads the process's CPU, memory, network and disk counters every 500 ms (dashboard plots); the memory
+# monitor reads a worker's RSS every 100 ms in the worker (spilling) and in its nanny (terminate at 95%): 250 ms
+# still reacts within a quarter second. With one kernel per core every cycle of it is taken from a path.
+QUIET = {"distributed.worker.profile.enabled": False, "distributed.worker.memory.monitor-interval": "250ms",
+         "distributed.admin.tick.interval": "1s", "distributed.admin.system-monitor.interval": "5s"}
 PAUSE_WARN_SECONDS = 30.0
 
 
 @contextlib.contextmanager
-def local_cluster(workers: int, memory_limit, silence_logs: int = logging.ERROR):
+def local_cluster(workers: int, memory_limit, silence_logs: int = logging.ERROR, quiet: bool = True):
     """A LocalCluster of ``workers`` processes with one thread each, scheduler and dashboard on 127.0.0.1 only, and
     no pause: a Dask worker pauses (runs nothing) while its process uses more than 80% of ``memory_limit`` and
     resumes when that falls, but a sparsepipe worker's memory is its own working arrays, module caches and pages
     the allocator keeps, which pausing does not free, so a paused worker waited forever, silently (measured: a
     worker holding 250 MB of a 400 MB limit ran no task for as long as it was watched). Without the pause a
     worker past the limit is restarted by its nanny (95%), and one that keeps dying stops the run with the
-    engine's WorkerMemoryError; Dask's spilling of stored results (60–70%) stays on."""
+    engine's WorkerMemoryError; Dask's spilling of stored results (60–70%) stays on. Dask's periodic background
+    work is thinned out (:data:`QUIET`) in the workers and in this process (scheduler, nannies); ``quiet=False``
+    keeps Dask's defaults (benchmarks/background.py compares the two)."""
     import dask
     from distributed import LocalCluster
 
     # the nannies' own configuration, which they give every worker they start or restart (a dask.config.set
-    # around the cluster's start would reach the first workers only: a nanny's copy shares the nested dicts)
-    config = dask.config.update(copy.deepcopy(dask.config.config), NO_PAUSE)
-    with LocalCluster(n_workers=workers, threads_per_worker=1, processes=True, host="127.0.0.1",
-                      dashboard_address="127.0.0.1:0", silence_logs=silence_logs, memory_limit=memory_limit,
-                      config=config) as cluster:
-        yield cluster
+    # around the cluster's start alone would reach the first workers only: a nanny's copy shares the nested dicts)
+    with dask.config.set(QUIET if quiet else {}):  # and the scheduler's and nannies' here
+        config = dask.config.update(copy.deepcopy(dask.config.config), NO_PAUSE)
+        with LocalCluster(n_workers=workers, threads_per_worker=1, processes=True, host="127.0.0.1",
+                          dashboard_address="127.0.0.1:0", silence_logs=silence_logs, memory_limit=memory_limit,
+                          config=config) as cluster:
+            yield cluster
 
 
 @contextlib.contextmanager

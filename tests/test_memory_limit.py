@@ -152,16 +152,21 @@ def _wait_status(client, status: str, seconds: float = 15.0) -> str:
 def test_embedded_workers_keep_running_above_the_pause_threshold():
     """A Dask worker past 80% of its memory_limit pauses until its memory falls, which a sparsepipe worker's own
     memory does not: the embedded cluster turns the pause off, so a worker at 87% of its limit still runs tasks
-    (with Dask's default it runs none: the next test)."""
+    (with Dask's default it runs none: the next test). Its workers also run without Dask's profiler and with
+    the other background timers thinned out (``QUIET``), a restarted worker too; this process's config is
+    Dask's again afterwards."""
     import dask
     from distributed import Client
 
-    from pipeline.cluster import dask_client
+    from pipeline.cluster import QUIET, dask_client
 
     def pause():
-        return list(c.run(lambda: dask.config.get("distributed.worker.memory.pause")).values())
+        keys = ["distributed.worker.memory.pause", *QUIET]
+        got = c.run(lambda: [dask.config.get(k) for k in keys]).values()
+        return [False] if all(g == [False, *QUIET.values()] for g in got) else list(got)
 
     here = dask.config.get("distributed.worker.memory.pause")
+    defaults = {k: dask.config.get(k) for k in QUIET}
     with dask_client(workers=1) as c:
         assert pause() == [False]
         ((old, pid),) = c.run(os.getpid).items()
@@ -172,6 +177,7 @@ def test_embedded_workers_keep_running_above_the_pause_threshold():
             time.sleep(0.2)
         assert list(c.run(os.getpid).values()) != [pid] and pause() == [False]
     assert here is not False and dask.config.get("distributed.worker.memory.pause") == here  # ours is untouched
+    assert {k: dask.config.get(k) for k in QUIET} == defaults != QUIET
     with local_cluster(1, "1GB") as cluster, Client(cluster) as c:
         assert c.submit(_hold, 870_000_000, pure=False).result() > 800_000_000
         assert _wait_status(c, "paused", 3.0) == "running"
