@@ -12,7 +12,9 @@
 # the true weights. The target: N = 16 within 1.3x the train wall of N = 1. Each train is the learner alone
 # (`--no-refit`): the refit's model is the one `--paths N --workers 2` gives here, measured in docs/results.md.
 # THREADS="1,8,16" adds benchmarks.contention on the same store (T kernels at once, no engine: the machine's own
-# limit on weak scaling); VERIFY=0 skips the verify step (~40 s at full size there).
+# limit on weak scaling); VERIFY=0 skips the verify step (~40 s at full size there); BACKGROUND=N adds
+# benchmarks.background with N workers on the same store (Dask's background CPU, idle and during a 3-pass stsgd fit,
+# with Dask's defaults against pipeline.cluster.QUIET, which every `--workers N` train uses since fcbbe61).
 # Results (webspam.json, webspam.md) go to $OUT (bench-out/ without it); the data (24 GB of text and its store,
 # under .scaling-work/ on the machine's 64 GB disk) is deleted at the end. Measured there (twentieth session):
 # 350,000 rows take ~40 s to install and warm up, synth ~21 s, ingest ~25 s, verify 37 s, and the trains 114 s
@@ -51,6 +53,9 @@ python3 -m benchmarks.webspam "${common[@]}" --keep $([ "${VERIFY:-1}" = 0 ] && 
 if [ -n "${THREADS:-}" ]; then
     sync; sleep 10  # the store's writes settled first: the probe's one thread must have the machine to itself
     python3 -m benchmarks.contention "$work/ws_${rows}_7.zarr" --threads "$THREADS"
+fi
+if [ -n "${BACKGROUND:-}" ]; then
+    python3 -m benchmarks.background --workers "$BACKGROUND" --seconds 20 --store "$work/ws_${rows}_7.zarr" --passes 3
 fi
 # the trains, each scored; the data is deleted at the end
 python3 -m benchmarks.webspam "${common[@]}" --no-verify "${extra[@]}"
