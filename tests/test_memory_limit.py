@@ -166,18 +166,22 @@ def test_embedded_workers_keep_running_above_the_pause_threshold():
         return [False] if all(g == [False, *QUIET.values()] for g in got) else list(got)
 
     here = dask.config.get("distributed.worker.memory.pause")
-    defaults = {k: dask.config.get(k) for k in QUIET}
-    with dask_client(workers=1) as c:
-        assert pause() == [False]
-        ((old, pid),) = c.run(os.getpid).items()
-        os.kill(pid, signal.SIGKILL)  # the worker its nanny starts again keeps the setting
-        for _ in range(150):
-            if (now := set(c.scheduler_info()["workers"])) and old not in now:
-                break
-            time.sleep(0.2)
-        assert list(c.run(os.getpid).values()) != [pid] and pause() == [False]
+    dask_defaults = {"distributed.worker.profile.enabled": True, "distributed.worker.memory.monitor-interval": "100ms",
+                     "distributed.admin.tick.interval": "20ms", "distributed.admin.system-monitor.interval": "500ms"}
+    assert set(dask_defaults) == set(QUIET)
+    with dask.config.set(dask_defaults):  # (the session's cluster may have set QUIET in this process)
+        with dask_client(workers=1) as c:
+            assert pause() == [False]
+            assert {k: dask.config.get(k) for k in QUIET} == QUIET  # this process's scheduler and nannies
+            ((old, pid),) = c.run(os.getpid).items()
+            os.kill(pid, signal.SIGKILL)  # the worker its nanny starts again keeps the setting
+            for _ in range(150):
+                if (now := set(c.scheduler_info()["workers"])) and old not in now:
+                    break
+                time.sleep(0.2)
+            assert list(c.run(os.getpid).values()) != [pid] and pause() == [False]
+        assert {k: dask.config.get(k) for k in QUIET} == dask_defaults  # Dask's again after the cluster
     assert here is not False and dask.config.get("distributed.worker.memory.pause") == here  # ours is untouched
-    assert {k: dask.config.get(k) for k in QUIET} == defaults != QUIET
     with local_cluster(1, "1GB") as cluster, Client(cluster) as c:
         assert c.submit(_hold, 870_000_000, pure=False).result() > 800_000_000
         assert _wait_status(c, "paused", 3.0) == "running"
