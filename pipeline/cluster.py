@@ -21,6 +21,12 @@ def default_workers() -> int:
     return max(1, os.cpu_count() or 1)
 
 
+def slots(client) -> int:
+    """How many tasks ``client`` runs at once: a Dask cluster's workers, or a ThreadClient's threads."""
+    info = getattr(client, "scheduler_info", None)
+    return max(1, len(info()["workers"]) if info is not None else getattr(client, "threads", 1))
+
+
 def in_order(submit, n: int, window: int, result=lambda fut: fut.result()):
     """The results of ``submit(i)`` for i = 0..n-1, yielded in order of i, with the next ones submitted ahead so that
     ``window`` stay in flight while the caller handles one (the workers kept busy, memory bounded). ``result``

@@ -361,14 +361,32 @@ def _stream_task(root: str, task: Task, o: IngestOptions, kw: dict) -> list[dict
     return out
 
 
+def _stats_groups(root: str, keys: list[str], base: str | None) -> list[str]:
+    """The statistics sets a commit adds, in order: a previous version's (``base``), then the blocks'."""
+    return ([f"{root}/{base}"] if base is not None else []) + [f"{root}/blocks/{k}" for k in keys]
+
+
 def source_stats_task(root: str, keys: list[str], n_features: int, base: str | None, out: str) -> None:
     """Dask task: add the per-block feature statistics of ``keys`` (after those of a previous version
     ``base``) in block order and write them to ``root/out`` on the worker (they never travel to the client)."""
     fmt.one_codec_thread()
-    groups = ([f"{root}/{base}"] if base is not None else []) + [f"{root}/blocks/{k}" for k in keys]
+    groups = _stats_groups(root, keys, base)
     loaders = [functools.partial(stats.read_stats, g) for g in groups]
     sizes = [stats.stats_size(g) for g in groups]
     feature, count, sumsq = stats.sum_stats(loaders, sizes, n_features, reuse=True)  # written at once
+    _write_source_stats(root, out, n_features, (feature, count, sumsq))
+
+
+def band_stats_task(root: str, keys: list[str], base: str | None, lo: int, hi: int) -> tuple:
+    """Dask task: :func:`source_stats_task`'s sum for the features lo <= j < hi (:func:`stats.band_sum`)."""
+    fmt.one_codec_thread()
+    return stats.band_sum(_stats_groups(root, keys, base), lo, hi)
+
+
+def _write_source_stats(root: str, out: str, n_features: int, *parts) -> None:
+    """Write the statistics ``parts`` ((feature, count, sumsq) of consecutive feature bands) as one version."""
+    feature, count, sumsq = (np.concatenate([p[k] for p in parts]) if len(parts) > 1 else parts[0][k]
+                             for k in range(3))
     fmt.make_group(f"{root}/stats")
     stats.write_stats(f"{root}/{out}", feature, count, sumsq, n_features)
 
@@ -545,6 +563,25 @@ def _run_tasks(c, root, tasks, o, total_bytes, progress):
     return results
 
 
+def _sum_source_stats(c, root: str, keys: list[str], width: int, base: str | None, out: str) -> int:
+    """The training split's statistics, on the workers: one task, or (more than :data:`stats.BAND_ENTRIES`
+    entries to add) one task per feature band, at most two per worker, and one that writes their parts in
+    feature order. The bands' edges follow the last block's features; the sums are the same either way.
+    Returns the number of bands."""
+    from pipeline.cluster import slots
+
+    groups = _stats_groups(root, keys, base)
+    bands = min(2 * slots(c), -(-sum(stats.stats_size(g) for g in groups) // stats.BAND_ENTRIES))
+    sample = fmt.raw_map(groups[-1], stats.BLOCK_STATS[0]) if keys and bands > 1 else None
+    edges = stats.band_edges(sample if sample is not None else np.zeros(0, np.int64), width, bands)
+    if len(edges) <= 2:
+        c.submit(source_stats_task, root, keys, width, base, out, pure=False).result()
+        return 1
+    parts = [c.submit(band_stats_task, root, keys, base, lo, hi, pure=False) for lo, hi in zip(edges, edges[1:])]
+    c.submit(_write_source_stats, root, out, width, *parts, pure=False).result()
+    return len(parts)
+
+
 def _clean_orphans(out: str, manifest: dict) -> None:
     """Remove block and stats directories a killed append left behind (not listed in the manifest)."""
     listed = {b["key"] for b in manifest["blocks"]}
@@ -623,8 +660,7 @@ def _commit(c, root, out, old, sources, tasks, results, o, generation, t0):
     version = (old["manifest_version"] + 1) if old else 1
     stats_path = f"stats/v{version:06d}"
     new_train = [e["key"] for e in entries if e.get("generation") == generation and e["split"] == "train"]
-    c.submit(source_stats_task, root, new_train, width, old.get("stats") if old else None, stats_path,
-             pure=False).result()
+    stats_bands = _sum_source_stats(c, root, new_train, width, old.get("stats") if old else None, stats_path)
     for b in blocks:  # summed: the blocks' own statistics go before the manifest lists the blocks
         for name in stats.BLOCK_STATS:
             shutil.rmtree(f"{root}/blocks/{b['key']}/{name}", ignore_errors=True)
@@ -692,5 +728,5 @@ def _commit(c, root, out, old, sources, tasks, results, o, generation, t0):
         "skipped_lines": len(skipped), "skipped_file": skipped_file,
         "seconds": round(time.time() - t0, 3),
         "bytes_read": int(sum(s["size"] for s in sources)),
-        "generation": generation, "labels": manifest["labels"],
+        "generation": generation, "labels": manifest["labels"], "stats_bands": stats_bands,
     }

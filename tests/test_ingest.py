@@ -192,6 +192,28 @@ def test_append_adds_rows_widens_and_refuses_the_same_file(tmp, client):
     assert len(os.listdir(tmp / "s" / "stats")) == 2  # zarr.json + the current version only
 
 
+@pytest.mark.parametrize("executor", ["threads", "cluster"])
+def test_statistics_summed_in_feature_bands_equal_one_task_bit_for_bit(executor, tmp, client, monkeypatch):
+    """A commit with many statistics entries sums them in feature bands, side by side on the workers; the store's
+    statistics are those of the one-task sum byte for byte, also for an append onto a version of them."""
+    from pipeline.store import stats
+
+    a, b = data_file("news20_binary/news20_binary.svm"), data_file("rcv1_subset/rcv1_vw_small_train.svm")
+    run = {"client": client} if executor == "cluster" else {}
+    got = {}
+    for name, entries in (("one", 1 << 40), ("banded", 5_000)):
+        monkeypatch.setattr(stats, "BAND_ENTRIES", entries)
+        out = str(tmp / name)
+        s1 = ingest([str(a)], out, IngestOptions(block_mb=0.5, holdout=0.2), **run)
+        s2 = ingest([str(b)], out, IngestOptions(block_mb=0.5, holdout=0.2), append=True, **run)
+        g = os.path.join(out, open_store(out).manifest["stats"])
+        got[name] = ([s1["stats_bands"], s2["stats_bands"]],
+                     [fmt.read_array(g, n).tobytes() for n in ("feature", "col_nnz", "col_sumsq")])
+        assert_stats_of_training_rows(open_store(out))
+    assert got["one"][0] == [1, 1] and min(got["banded"][0]) > 2  # at most 2 per worker or thread: 4 here
+    assert got["banded"][1] == got["one"][1]
+
+
 def test_format_1_dense_statistics_are_read_and_appended_to(tmp, client):
     """Stores written before the sparse statistics layout (format 1: dense col_nnz/col_sumsq) still read,
     and an append to one sums the old statistics with the new blocks'."""

@@ -130,7 +130,9 @@ def read_array(group_path: str, name: str, out: np.ndarray | None = None) -> np.
     return arr
 
 
-def _read_one_chunk(path: str, out: np.ndarray | None = None) -> np.ndarray | None:
+def _one_chunk_meta(path: str) -> tuple[dict, bool, np.dtype, list] | None:
+    """(metadata, compressed, dtype, shape) of a 1-D one-chunk array in the layout of :func:`_write_one_chunk`;
+    None for anything else."""
     try:
         with open(os.path.join(path, "zarr.json"), encoding="utf-8") as f:
             meta = json.load(f)
@@ -145,13 +147,29 @@ def _read_one_chunk(path: str, out: np.ndarray | None = None) -> np.ndarray | No
             or meta.get("chunk_grid", {}).get("configuration", {}).get("chunk_shape", [0])[0] < shape[0]
             or meta.get("storage_transformers")):
         return None
-    dtype = np.dtype(meta["data_type"]).newbyteorder("<")
+    return meta, names[-1] == "blosc", np.dtype(meta["data_type"]).newbyteorder("<"), shape
+
+
+def raw_map(group_path: str, name: str) -> np.ndarray | None:
+    """A read-only memory map of the raw (uncompressed) one-chunk array ``group_path/name``, to read parts of it;
+    None when it is compressed, empty or in another layout."""
+    got = _one_chunk_meta(os.path.join(group_path, name))
+    if got is None or got[1] or not got[3][0]:
+        return None
+    return np.memmap(os.path.join(group_path, name, "c", "0"), dtype=got[2], mode="r", shape=(got[3][0],))
+
+
+def _read_one_chunk(path: str, out: np.ndarray | None = None) -> np.ndarray | None:
+    got = _one_chunk_meta(path)
+    if got is None:
+        return None
+    meta, compressed, dtype, shape = got
     fits = (out is not None and out.dtype == dtype and out.ndim == 1 and out.shape[0] >= shape[0]
             and out.flags.c_contiguous)
     out = out[:shape[0]] if fits else np.empty(shape[0], dtype=dtype)
     try:
         with open(os.path.join(path, "c", "0"), "rb") as f:
-            if names[-1] == "blosc":
+            if compressed:
                 codec.decode_file(f, out.view(np.uint8))
             elif f.readinto(out.view(np.uint8)) != out.nbytes or f.read(1):
                 raise StoreError(f"{path}: chunk size does not match the metadata shape {shape}")
