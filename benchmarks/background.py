@@ -10,6 +10,7 @@ its wall and every process's CPU-seconds (the engine's own work included).
 from __future__ import annotations
 
 import argparse
+import os
 import time
 
 from benchmarks.common import report
@@ -35,8 +36,7 @@ def _measure(workers: int, quiet: bool, seconds: float, store: str | None, passe
 
     with local_cluster(workers, "auto", quiet=quiet) as cl, Client(cl) as client:
         me = psutil.Process()
-        worker_pids = {w["pid"] for w in client.run(lambda: {"pid": __import__("os").getpid()}).values()}
-        procs = [me] + [psutil.Process(p) for p in sorted(worker_pids)]
+        procs = [me] + [psutil.Process(p) for p in sorted(client.run(os.getpid).values())]
         time.sleep(2.0)
         row = {"workers": workers, "dask config": "QUIET" if quiet else "Dask defaults"}
         if seconds:
