@@ -320,8 +320,11 @@ def parse_task(root: str, task: Task, opts: dict) -> list[dict]:
               reuse=True)  # each block is written before the next is parsed
     if task.compression is None:
         with _open(task.path) as f:
-            buf = read_owned_lines(f, task.start, task.end, file_size(task.path))
-        parsed = libsvm.parse_buffer(buf, **kw)
+            size = file_size(task.path)
+            buf = read_owned_lines(f, task.start, task.end, size)
+            parsed = libsvm.parse_buffer(buf, **kw)
+            del buf
+            _drop_cached(f, task.start, task.end, size)
         res = _block_result(task.keys[0], parsed, task.end - task.start)
         res["line_offset"] = None
         if parsed.errors and not skip:
@@ -329,6 +332,24 @@ def parse_task(root: str, task: Task, opts: dict) -> list[dict]:
             return [res]
         return [_write_block(root, res)]
     return _stream_task(root, task, o, kw)
+
+
+# An input larger than this share of the machine's memory cannot stay in the page cache anyway: each range is
+# dropped from it once parsed, so that the text passing through does not push out what was just written (the
+# blocks and their statistics, which the commit and the first training pass read next).
+DROP_CACHED_SHARE = 0.25
+
+
+def _drop_cached(f, start: int, end: int, size: int) -> None:
+    """Tell the kernel the bytes [start, end) of the input ``f`` will not be read again (local files larger than
+    :data:`DROP_CACHED_SHARE` of the physical memory only; nothing elsewhere)."""
+    advise = getattr(os, "posix_fadvise", None)
+    try:
+        if advise is None or size <= DROP_CACHED_SHARE * os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"):
+            return
+        advise(f.fileno(), start, end - start, os.POSIX_FADV_DONTNEED)
+    except (AttributeError, OSError, ValueError, io.UnsupportedOperation):
+        pass
 
 
 def _stream_task(root: str, task: Task, o: IngestOptions, kw: dict) -> list[dict]:
