@@ -73,9 +73,11 @@ def refit(
     """Refit MODEL on its own support over STORE's training blocks (what `train --refit` does after training):
     the exact elastic-net solve on S, then holdout metrics. The input model is not changed."""
     apply_verify(no_verify)
+    import numpy as np
+
     from pipeline.cluster import dask_client
     from pipeline.model import load_model
-    from pipeline.refit import fits_here
+    from pipeline.refit import fits_here, support_stats
     from pipeline.store.reader import open_store
     from pipeline.train import refit_model
 
@@ -84,8 +86,10 @@ def refit(
         m = load_model(model)
         st = open_store(str(store))
         blocks = (m.meta.get("provenance") or {}).get("blocks")  # a model trained on a window: the same rows
-        if workers and not scheduler and fits_here(st, m.coef_indices, blocks):
-            workers = None  # it would run on this process's threads anyway: no cluster to start (refit_client)
+        if workers and not scheduler:
+            options["stats"] = support_stats(st, np.sort(m.coef_indices))  # read once, here and in the refit
+            if fits_here(st, m.coef_indices, blocks, counts=options["stats"][0]):
+                workers = None  # it would run on this process's threads anyway: no cluster to start (refit_client)
         with dask_client(workers, scheduler) as client:
             r = refit_model(m, st, client, blocks, True, options)
         r.meta["refit"]["input_model"] = str(model)

@@ -389,7 +389,9 @@ class DaskExec:
 
     def slots(self) -> int:
         """How many tasks run at once: the workers, or the thread executor's threads."""
-        return len(self.workers()) or getattr(self.client, "threads", 1)
+        from pipeline.cluster import slots
+
+        return slots(self.client)
 
     def put(self, x):
         """``x`` (a dict of arrays) as scattered data when large (a 16.6M-feature global state is 16 MB: inside

@@ -426,7 +426,7 @@ def compacted_bytes(st, support, blocks=None, counts=None) -> int:
 def fits_here(st, support, blocks=None, cache_bytes: int = DEFAULT_CACHE_BYTES, counts=None) -> bool:
     """Whether the training blocks compacted to ``support`` fit in one cache budget: then a refit on a cluster
     started by this process runs on this process's threads (:func:`refit_client`)."""
-    return compacted_bytes(st, np.sort(np.asarray(support, dtype=np.int64)), blocks, counts) <= cache_bytes
+    return compacted_bytes(st, np.asarray(support, dtype=np.int64), blocks, counts) <= cache_bytes
 
 
 @contextlib.contextmanager
@@ -938,7 +938,7 @@ def refit(model, store_path: str, client=None, l2: float = DEFAULT_L2, max_iter:
           loss: str | None = None, tol: float = DEFAULT_TOL, blocks=None,
           cache_bytes: int = DEFAULT_CACHE_BYTES, l1: float | str = DEFAULT_L1,
           validation: float = VALIDATION_FRACTION, kkt_rounds: int | None = KKT_ROUNDS, progress=None,
-          relax: bool = False, adaptive: bool = DEFAULT_ADAPTIVE, select: str = DEFAULT_SELECT):
+          relax: bool = False, adaptive: bool = DEFAULT_ADAPTIVE, select: str = DEFAULT_SELECT, stats=None):
     """The model refitted on its own support S (see the module docstring); returns a new
     :class:`pipeline.model.Model` (the sparse learner's optimiser state kept; ``meta["refit"]`` records the refit).
 
@@ -950,7 +950,8 @@ def refit(model, store_path: str, client=None, l2: float = DEFAULT_L2, max_iter:
     ``relax`` (l1 "auto", no KKT check): the path also scores Meinshausen's relaxed fits; ``adaptive`` (the
     default; l1 "auto", no KKT check) Zou's adaptive lasso (:func:`l1_path`); ``select`` how the validation rows
     choose among the path's fits (:data:`SELECT_RULES`). With l1 "auto" and ``l2`` None the
-    path runs at each l2 of L2_GRID / rows and the validation rows choose."""
+    path runs at each l2 of L2_GRID / rows and the validation rows choose. ``stats``: :func:`support_stats` of the
+    sorted support when the caller has read them (else read here)."""
     from pipeline.model import Model
 
     t0 = time.time()
@@ -979,7 +980,8 @@ def refit(model, store_path: str, client=None, l2: float = DEFAULT_L2, max_iter:
     from pipeline.memory import trim_heap
 
     everywhere(client, trim_heap)  # the learner's freed pages, before the cache takes its budget
-    stats = support_stats(st, support)  # read once (16.6M features: three arrays of the store's width)
+    if stats is None:  # read once (16.6M features: three arrays of the store's width)
+        stats = support_stats(st, support)
     with refit_client(client, st, support, blocks, cache_bytes, stats[0]) as client:
         prob = RefitProblem(store_path, support, l2=l2, loss=loss, client=client, blocks=blocks,
                             cache_bytes=cache_bytes, split=split, progress=progress, stats=stats)

@@ -148,13 +148,14 @@ def band_edges(sample: np.ndarray, width: int, bands: int) -> list[int]:
     return [0, *sorted({int(e) for e in cut if 0 < e < width}), width]
 
 
-def _band_bounds(group: str, lo: int, hi: int) -> tuple[int, int] | None:
-    """Positions [a, b) of the features lo <= j < hi in a block's raw statistics (memory-mapped, two binary
-    searches); None for statistics stored otherwise (a store version's, compressed)."""
-    idx = fmt.raw_map(group, BLOCK_STATS[0])
-    if idx is None:
+def _band_bounds(group: str, lo: int, hi: int) -> tuple | None:
+    """(a, b, maps): positions [a, b) of the features lo <= j < hi in a block's raw statistics, memory-mapped
+    (``maps``; two binary searches); None for statistics stored otherwise (a store version's, compressed)."""
+    maps = [fmt.raw_map(group, n) for n in BLOCK_STATS]
+    if any(m is None for m in maps):
         return None
-    return tuple(int(x) for x in np.searchsorted(idx, [lo, hi]))
+    a, b = np.searchsorted(maps[0], [lo, hi])
+    return int(a), int(b), maps
 
 
 def _band_read(group: str, lo: int, hi: int, bounds, out=None):
@@ -164,7 +165,7 @@ def _band_read(group: str, lo: int, hi: int, bounds, out=None):
         f, c, s = read_stats(group)
         a, b = np.searchsorted(f, [lo, hi])
     else:
-        (a, b), (f, c, s) = bounds, (fmt.raw_map(group, n) for n in BLOCK_STATS)
+        a, b, (f, c, s) = bounds
     return f[a:b], c[a:b], s[a:b]
 
 
