@@ -71,6 +71,14 @@ L2_GRID = (L2_PER_ROW, 3e-4)  # a tenth of it (3e-3 / 10 would not be the same f
 # stopped short (projected gradient 7.7e-5 > λ; holdout 10.42%, 4,367 non-zeros), 166 converged (10.37%, 4,371).
 DEFAULT_MAX_ITER = 300
 DEFAULT_TOL = 1e-6
+# L-BFGS-B's memory (scipy's maxcor: curvature pairs kept), LBFGS_ENTRIES / variables within [20, 60]. At 350k
+# webspam-like rows (stsgd's S of 7,047 columns, the plain L2 refit from the learner's weights, seed 7) the solve
+# to gtol 1e-6 took 166 evaluations with 20 pairs, 107 with 40, 85 with 60, 88 with 100 (the same objective to 1e-10,
+# holdout error 5.84% each): the objective is flat along a valley the short memory kept re-learning. The store of
+# pairs is 16·maxcor bytes a variable and each iteration costs O(maxcor·variables), so wide problems (where an
+# evaluation is cheap next to it: 0.5M columns of S at 2k rows) keep 20.
+LBFGS_MEMORY = (20, 60)
+LBFGS_ENTRIES = 1 << 22
 # Compacted blocks are kept per worker between evaluations: DEFAULT_CACHE_BYTES of them in memory, the rest in
 # spill files read back at each evaluation (pipeline.spill: rebuilding them cost 15x evaluating them). At 350k
 # webspam-like rows stsgd's S (7,047 columns) holds 450M of the 1.17 billion training non-zeros: 1.39 GB per
@@ -608,6 +616,12 @@ class RefitProblem:
         return float(f), g
 
 
+def lbfgs_memory(variables: int) -> int:
+    """L-BFGS-B's maxcor for a problem of ``variables``: LBFGS_ENTRIES / variables within LBFGS_MEMORY."""
+    lo, hi = LBFGS_MEMORY
+    return int(min(hi, max(lo, LBFGS_ENTRIES // max(1, int(variables)))))
+
+
 def solve(prob: RefitProblem, x0, l1: float = 0.0, part: str = "all", max_iter: int = DEFAULT_MAX_ITER,
           tol: float = DEFAULT_TOL, active=None, weights=None, l2: float | None = None):
     """argmin over theta = [w, b] of F_part(w, b) + l1·Σ_j a_j·|w_j| by L-BFGS-B, from ``x0`` (a_j = ``weights``,
@@ -628,14 +642,15 @@ def solve(prob: RefitProblem, x0, l1: float = 0.0, part: str = "all", max_iter: 
 
     x0 = np.asarray(x0, dtype=np.float64)
     sc = prob.precondition()
-    opts = {"maxiter": int(max_iter), "gtol": float(tol), "ftol": 1e-12, "maxcor": 20}
+    opts = {"maxiter": int(max_iter), "gtol": float(tol), "ftol": 1e-12}
     if l1 <= 0:
         def smooth(z):
             f, g = prob.evaluate(np.append(z[:-1] / sc, z[-1]), part, l2)
             g[:-1] /= sc
             return f, g
 
-        res = minimize(smooth, np.append(x0[:-1] * sc, x0[-1]), jac=True, method="L-BFGS-B", options=opts)
+        res = minimize(smooth, np.append(x0[:-1] * sc, x0[-1]), jac=True, method="L-BFGS-B",
+                       options={**opts, "maxcor": lbfgs_memory(x0.size)})
         return np.append(res.x[:-1] / sc, res.x[-1]), res
     pen = l1 / sc if weights is None else l1 * np.asarray(weights, dtype=np.float64) / sc
     allowed = np.ones(x0.size - 1, dtype=bool) if active is None else np.asarray(active, dtype=bool)
@@ -680,7 +695,7 @@ def _working_set_solve(prob: RefitProblem, x0, pen, allowed, sc, part, l2, opts)
         z0 = np.concatenate([np.maximum(w, 0.0), np.maximum(-w, 0.0), x[-1:]])
         bounds = Bounds(np.append(np.zeros(2 * k), -np.inf), np.full(2 * k + 1, np.inf))
         res = minimize(fun, z0, jac=True, method="L-BFGS-B", bounds=bounds,
-                       options={**opts, "maxiter": max(1, budget - nit)})
+                       options={**opts, "maxiter": max(1, budget - nit), "maxcor": lbfgs_memory(z0.size)})
         nit += int(res.nit)
         x = np.zeros_like(x)
         x[idx] = (res.x[:k] - res.x[k:2 * k]) / s_w
