@@ -61,6 +61,14 @@ def position_dtype(s: int) -> np.dtype:
     return np.dtype(np.uint16) if s <= 1 << 16 else np.dtype(np.int32)
 
 
+@numba.njit(cache=True, nogil=True, inline="always")
+def _slot(bits, nb8, j):
+    """(1 if column j is in S else 0, j itself or 0 beyond the bitmap's width), without a branch."""
+    inb = np.int64(j < nb8)
+    jj = j * inb
+    return inb & ((np.int64(bits[jj >> 3]) >> (jj & 7)) & 1), jj
+
+
 @numba.njit(cache=True, nogil=True)
 def compact_block(indptr, indices, data, bits, rank, like=np.zeros(0, np.int32)):
     """The block's rows restricted to the columns of S (``support_index``'s ``bits``, ``rank``), renumbered 0..s-1.
@@ -68,25 +76,29 @@ def compact_block(indptr, indices, data, bits, rank, like=np.zeros(0, np.int32))
     Returns (cindptr int64[n_rows + 1], cidx[m] of ``like``'s dtype (see :func:`position_dtype`), cval like
     ``data``[m]); every row is kept (a row with no entry in S still scores the bias). Columns beyond the bitmap's
     width count as outside S.
+
+    Branch-free: every entry is written at the next slot and the slot advances only for a column of S (whether an
+    entry is in S is a coin flip for the predictor: 39% of the entries at 350k webspam-like rows, stsgd's S). An
+    entry outside S reads rank[0] instead of its own rank. 67M -> 170M non-zeros a second there.
     """
     n_rows = indptr.shape[0] - 1
+    nb8 = bits.shape[0] * 8
     cindptr = np.zeros(n_rows + 1, dtype=np.int64)
     m = 0
     for k in range(indptr[0], indptr[n_rows]):
-        if _member(bits, indices[k]):
-            m += 1
-    cidx = np.empty(m, dtype=like.dtype)
-    cval = np.empty(m, dtype=data.dtype)
+        m += _slot(bits, nb8, indices[k])[0]
+    cidx = np.empty(m + 1, dtype=like.dtype)  # one slot more: the last entry may be written and not kept
+    cval = np.empty(m + 1, dtype=data.dtype)
     m = 0
     for i in range(n_rows):
         for k in range(indptr[i], indptr[i + 1]):
-            j = indices[k]
-            if _member(bits, j):
-                cidx[m] = _position(bits, rank, j)
-                cval[m] = data[k]
-                m += 1
+            inside, jj = _slot(bits, nb8, indices[k])
+            b = jj >> 3
+            cidx[m] = rank[b * inside] + _POP8[bits[b] & ((1 << (jj & 7)) - 1)]
+            cval[m] = data[k]
+            m += inside
         cindptr[i + 1] = m
-    return cindptr, cidx, cval
+    return cindptr, cidx[:m], cval[:m]
 
 
 @numba.njit(cache=True, nogil=True)
@@ -136,25 +148,23 @@ def restrict_columns(cindptr, cidx, cval, pos):
     """A compacted block restricted further to a subset W of S: the entries whose position p in S has
     ``pos[p]`` ≥ 0, renumbered to ``pos[p]`` (W's own positions 0..|W|-1; int32[s], −1 outside W), in the same
     order. Returns (indptr int64[n_rows + 1], idx of ``cidx``'s dtype, val). Summing over it is summing over the
-    block with w = 0 outside W, the same terms in the same order."""
+    block with w = 0 outside W, the same terms in the same order. Branch-free as :func:`compact_block`."""
     n_rows = cindptr.shape[0] - 1
     m = 0
     for k in range(cindptr[0], cindptr[n_rows]):
-        if pos[cidx[k]] >= 0:
-            m += 1
+        m += pos[cidx[k]] >= 0
     indptr = np.zeros(n_rows + 1, dtype=np.int64)
-    idx = np.empty(m, dtype=cidx.dtype)
-    val = np.empty(m, dtype=cval.dtype)
+    idx = np.empty(m + 1, dtype=cidx.dtype)  # one slot more: the last entry may be written and not kept
+    val = np.empty(m + 1, dtype=cval.dtype)
     m = 0
     for i in range(n_rows):
         for k in range(cindptr[i], cindptr[i + 1]):
             q = pos[cidx[k]]
-            if q >= 0:
-                idx[m] = q
-                val[m] = cval[k]
-                m += 1
+            idx[m] = q
+            val[m] = cval[k]
+            m += q >= 0
         indptr[i + 1] = m
-    return indptr, idx, val
+    return indptr, idx[:m], val[:m]
 
 
 @numba.njit(cache=True, nogil=True)
