@@ -188,20 +188,42 @@ def caught_up_w(st, adagrad=False, delta=1.0):
     return w
 
 
-def assert_matches_ref(st, ref, consumed=None, adagrad=False, delta=1.0):
-    np.testing.assert_allclose(caught_up_w(st, adagrad, delta), ref["w"], rtol=1e-10, atol=1e-13)
+def lazy_true(st, g0, K, adagrad=False, delta=1.0):
+    """The true weights, k̃ and counters of a lazily closed state (kernels.stsgd, "Lazy close"), in NumPy: an alive
+    j with Gl_j ≠ G was not read since a burst ended; with k̃_j > 0 that burst (a full one: g0·K) is closed and
+    counted now, and j owes S(·, (G − Gl_j)·s_j) in all."""
+    w, kt = st["w"].copy(), st["kt"].astype(np.int64)
+    evid, surv, upd = (st[k].astype(np.int64) for k in ("cnt_evid", "cnt_surv", "cnt_upd"))
+    G = st["fstate"][K_.F_G]
+    sc = 1.0 / (delta + np.sqrt(st["acc"])) if adagrad == K_.ADA_ALL else np.ones(w.shape[0])
+    late = np.flatnonzero((kt >= 0) & (st["w_start"] != G))
+    T = late[kt[late] > 0]
+    evid[T] += 1
+    upd[T] += kt[T]
+    surv[T] += np_soft(w[T], g0 * K * sc[T]) != 0
+    kt[T] = 0
+    w[late] = np_soft(w[late], (G - st["w_start"][late]) * sc[late])
+    return dict(w=w, kt=kt, evid=evid, surv=surv, upd=upd)
+
+
+def assert_matches_ref(st, ref, consumed=None, adagrad=False, delta=1.0, lazy=None):
+    """``lazy``: (g0, K) of a lazily closed state (compared through :func:`lazy_true`)."""
+    if lazy:
+        tr = lazy_true(st, *lazy, adagrad, delta)
+    else:
+        tr = dict(w=caught_up_w(st, adagrad, delta), kt=st["kt"], evid=st["cnt_evid"], surv=st["cnt_surv"],
+                  upd=st["cnt_upd"])
+    np.testing.assert_allclose(tr["w"], ref["w"], rtol=1e-10, atol=1e-13)
     if adagrad:
         np.testing.assert_allclose(st["acc"], ref["acc"], rtol=1e-12)
     assert st["fstate"][K_.F_BIAS] == pytest.approx(ref["b"], rel=1e-10, abs=1e-13)
-    np.testing.assert_array_equal(st["cnt_evid"], ref["evid"])
-    np.testing.assert_array_equal(st["cnt_surv"], ref["surv"])
-    np.testing.assert_array_equal(st["cnt_upd"], ref["upd"])
-    np.testing.assert_array_equal(st["kt"], ref["kt"])
+    for k in ("evid", "surv", "upd", "kt"):
+        np.testing.assert_array_equal(tr[k], ref[k], err_msg=k)
     assert st["istate"][K_.I_T] == ref["t"]
     assert st["istate"][K_.I_POS] == ref["pos"]
     assert st["istate"][K_.I_STAGE_BURSTS] == ref["bursts"]
     kr = kernel_ratios(st)
-    rr = sorted(ref["ratios"])
+    rr = sorted(ref["ratios"]) if st["ratios"].shape[0] else []
     assert [a for a, _ in kr] == [a for a, _ in rr]
     np.testing.assert_allclose([b for _, b in kr], [b for _, b in rr], rtol=1e-9, atol=1e-13)
     if consumed is not None:
@@ -281,18 +303,70 @@ def test_features_absent_from_burst_are_not_truncated():
     dict(g0=0.05, adagrad=True, mode=0, schedule=0, loss=SQUARED),
     dict(g0=0.0004, adagrad=K_.ADA_BIAS, mode=2, fit_bias=True, schedule=0, eta=0.5),
 ])
-def test_kernel_matches_reference(cfg):
+@pytest.mark.parametrize("ratio_capacity", [10_000, 0])
+def test_kernel_matches_reference(cfg, ratio_capacity):
+    """Every switch, recording the (ST-9) ratios or not; without them uniform truncation closes its bursts lazily,
+    and its true state (:func:`lazy_true`) is the reference's."""
     X, y = make_data(n=90, p=20, seed=3)
     p = X.shape[1]
     rng = np.random.default_rng(7)
     rows = rng.permutation(X.shape[0])
     ada = cfg.get("adagrad", False) == K_.ADA_ALL
-    st = new_state(p, ratio_capacity=10_000, adagrad=ada)
+    st = new_state(p, ratio_capacity=ratio_capacity, adagrad=ada)
     consumed = run(X, y, rows, st, **cfg)
-    assert_matches_ref(st, ref_stsgd(X, y, rows, p, **cfg), consumed, ada, cfg.get("delta", 1.0))
-    if cfg.get("mode") == 2 and cfg.get("g0", 0) > 0 and not ada:
+    g0, K = cfg.get("g0", 0.0), cfg.get("K", 5)
+    lazy = K_.lazy_close(cfg.get("mode", -1), st["ratios"], cfg.get("quantile_first_burst", False), g0)
+    assert lazy == (ratio_capacity == 0 and cfg.get("mode") == 2 and g0 > 0 and "quantile_first_burst" not in cfg)
+    assert_matches_ref(st, ref_stsgd(X, y, rows, p, **cfg), consumed, ada, cfg.get("delta", 1.0),
+                       (g0, K) if lazy else None)
+    if lazy:
+        assert not st["istate"][K_.I_NTOUCHED]
+        assert st["fstate"][K_.F_G] == pytest.approx(g0 * K * st["istate"][K_.I_STAGE_BURSTS], rel=1e-12)
+        late = lazy_true(st, g0, K, cfg.get("adagrad", False), cfg.get("delta", 1.0))
+        assert np.any(late["kt"] != st["kt"])  # bursts were closed lazily
+    if cfg.get("mode") == 2 and g0 > 0 and not ada and not lazy:
         cu = caught_up_w(st)
         assert np.any(cu != st["w"]) and np.any(cu != 0)  # gravity was owed lazily; the model is not all zero
+
+
+@pytest.mark.parametrize("cfg", [
+    dict(g0=0.001, mode=2, K=5),
+    dict(g0=0.003, mode=2, K=3, fit_bias=True, schedule=0, adagrad=K_.ADA_BIAS),
+    dict(g0=0.003, mode=2, K=4, adagrad=K_.ADA_ALL, delta=0.1, eta=1.0),
+    dict(g0=0.001, mode=2, K=6, loss=HINGE, count_violations_only=True),
+    dict(g0=0.001, mode=2, K=5, max_bursts=7),
+])
+@pytest.mark.parametrize("n", [90, 88])  # the stage ends at a burst boundary, or inside a burst
+def test_lazy_close_ends_its_stage_as_the_eager_close(cfg, n):
+    """stsgd_end_stage of a lazily closed state: the weights of the eager close (to rounding; exact zeros where
+    it has them), the same k̃ (0), counters c, b, κ, burst counts and bias, and G = Gl_j = 0."""
+    X, y = make_data(n=90, p=30, seed=13, density=0.2)
+    rows = np.random.default_rng(4).permutation(90)[:n]
+    ada = cfg.get("adagrad", False) == K_.ADA_ALL
+    lazy, eager = (new_state(30, ratio_capacity=c, seed=5, adagrad=ada) for c in (0, 25))
+    g0, K = cfg["g0"], cfg["K"]
+    for st in (lazy, eager):
+        run(X, y, rows, st, **cfg)
+        assert st["istate"][K_.I_STAGE_BURSTS] > 3
+        K_.stsgd_end_stage(st["rec"], K_.int_view(st["rec"]), st["touched"], st["istate"], st["fstate"], st["ratios"],
+                           g0, K, 2, False, 0.0, st["acc"], cfg.get("adagrad", False), cfg.get("delta", 1.0))
+    assert lazy["istate"][K_.I_RATIOS_SEEN] == 0 and eager["istate"][K_.I_RATIOS_SEEN] > 0
+    np.testing.assert_allclose(lazy["w"], eager["w"], rtol=1e-12, atol=1e-15)
+    np.testing.assert_array_equal(lazy["w"] == 0, eager["w"] == 0)
+    assert np.any(lazy["w"] == 0) and np.any(lazy["w"] != 0)
+    for k in ("kt", "cnt_evid", "cnt_surv", "cnt_upd"):
+        np.testing.assert_array_equal(lazy[k], eager[k], err_msg=k)
+    assert not lazy["kt"].any() and lazy["cnt_evid"].any()
+    same = [K_.I_T, K_.I_POS, K_.I_NTOUCHED, K_.I_STAGE_BURSTS, K_.I_BURSTS]
+    np.testing.assert_array_equal(lazy["istate"][same], eager["istate"][same])
+    np.testing.assert_allclose(lazy["fstate"], eager["fstate"], rtol=1e-12)  # bias, its AdaGrad sum, loss sum
+    for f in (K_.F_G0_LAST, K_.F_G):
+        assert lazy["fstate"][f] == eager["fstate"][f]
+    assert lazy["fstate"][K_.F_G] == 0.0 and not lazy["w_start"].any()
+    with pytest.raises(ValueError, match="stsgd_end_stage"):
+        run(X, y, rows[:K], lazy, **{**cfg, "max_bursts": 0})  # one more burst: then close it the eager way
+        K_.stsgd_close_burst(lazy["rec"], K_.int_view(lazy["rec"]), lazy["touched"], lazy["istate"], lazy["fstate"],
+                             lazy["ratios"], g0, 2, False, 0.0, lazy["acc"], cfg.get("adagrad", False), 1.0)
 
 
 @pytest.mark.parametrize("adagrad", [False, True])
@@ -327,12 +401,12 @@ def _snapshot(st):
     return {k: st[k].copy() for k in STATE_KEYS}
 
 
-def _assert_states_equal(a, b):
+def _assert_states_equal(a, b, lazy=False):
     for k in STATE_KEYS:
         if k == "touched":  # only the filled prefix is state
             n = a["istate"][K_.I_NTOUCHED]
             np.testing.assert_array_equal(a[k][:n], b[k][:n])
-        elif k == "w_start":  # only touched entries are state
+        elif k == "w_start" and not lazy:  # only touched entries are state (the lazy close: every Gl_j is)
             n = a["istate"][K_.I_NTOUCHED]
             t = a["touched"][:n]
             np.testing.assert_array_equal(a[k][t], b[k][t])
@@ -346,16 +420,22 @@ def _assert_states_equal(a, b):
     dict(quantile_first_burst=True, beta=0.6, K=4),
     dict(loss=HINGE, count_violations_only=True, g0=0.004, K=6),
     dict(g0=0.004, mode=2, adagrad=True, fit_bias=True),
+    dict(g0=0.004, mode=2, adagrad=True, fit_bias=True, cap=0),  # the lazy close
+    dict(g0=0.001, mode=2, fit_bias=True, adagrad=K_.ADA_BIAS, cap=0),
 ])
 def test_burst_spanning_calls_equals_one_call(cfg):
     X, y = make_data(n=70, p=18, seed=11)
     p = X.shape[1]
     rows = np.random.default_rng(2).permutation(70)
-    ada = cfg.get("adagrad", False)
-    one = new_state(p, ratio_capacity=25, seed=123, adagrad=ada)  # small: exercises the reservoir
+    cfg = dict(cfg)
+    cap = cfg.pop("cap", 25)  # 25: small, exercises the reservoir
+    ada = cfg.get("adagrad", False) == K_.ADA_ALL
+    one = new_state(p, ratio_capacity=cap, seed=123, adagrad=ada)
     assert run(X, y, rows, one, **cfg) == 70
+    lazy = K_.lazy_close(cfg.get("mode", -1), one["ratios"], False, cfg.get("g0", 0.0))
+    assert lazy == (cap == 0)
     for splits in ([3], [7, 8], [1, 2, 3, 33, 34, 69], list(range(1, 70, 4))):
-        st = new_state(p, ratio_capacity=25, seed=123, adagrad=ada)
+        st = new_state(p, ratio_capacity=cap, seed=123, adagrad=ada)
         bounds = [0] + splits + [70]
         for a, b in zip(bounds[:-1], bounds[1:]):
             # rows[a:b] as their own call: both through `start` and through a sliced rows array
@@ -363,19 +443,20 @@ def test_burst_spanning_calls_equals_one_call(cfg):
                 assert run(X, y, rows[:b], st, start=a, **cfg) == b - a
             else:
                 assert run(X, y, rows[a:b], st, **cfg) == b - a
-        _assert_states_equal(st, one)
+        _assert_states_equal(st, one, lazy)
 
 
 @pytest.mark.parametrize("cfg", [
     dict(g0=0.01),
-    dict(g0=0.004, mode=2, adagrad=True, fit_bias=True),
+    dict(g0=0.004, mode=0, adagrad=True, fit_bias=True),
     dict(quantile_first_burst=True, beta=0.6, K=4),
 ])
 def test_an_empty_ratio_buffer_records_nothing_and_changes_no_weight(cfg):
     """cap_r = 0 (a gravity that does not read the ratios): the weights, k̃, the counters, bias and burst counts equal
     those of a run that records ratios (and samples them: capacity 25 < the ratios produced), and nothing is
     recorded. w_start is then not kept where it only feeds the ratios (informative and touched truncation); where it
-    is state (Gl_j in uniform mode, the stage-1 quantile's ratios) it is equal too."""
+    is state (the stage-1 quantile's ratios) it is equal too. (Uniform truncation closes its bursts lazily then:
+    test_lazy_close_ends_its_stage_as_the_eager_close.)"""
     X, y = make_data(n=70, p=18, seed=11)
     rows = np.random.default_rng(2).permutation(70)
     ada = cfg.get("adagrad", False)

@@ -256,7 +256,7 @@ class STSGD(Algorithm):
         """The compact state a path keeps between stages (and saves): its non-zero weights ``w_idx`` (int64) /
         ``w_val`` (float64), the stable set Ω as packed bits ``alive`` (uint8[⌈p/8⌉], ``np.packbits``), ``width``
         and the small arrays (istate, fstate, acc, ctrl, stage_pass, cursor). At a stage end nothing else of the
-        record is state: w_start is 0 after :func:`pipeline.kernels.stsgd.stsgd_flush` (uniform truncation) or
+        record is state: w_start is 0 after :func:`pipeline.kernels.stsgd.stsgd_end_stage` (uniform truncation) or
         rewritten at a feature's first touch in a burst (the other modes), k̃ is 0 on Ω, the counters c, b, κ
         and the ratio buffer are the stage's (summarized, zeroed at the next stage start) and ``touched`` is
         empty; :meth:`working_state` rebuilds the same record, so training is bit-identical. A full state
@@ -344,10 +344,9 @@ class STSGD(Algorithm):
         c = state["ctrl"]
         rec = state["rec"]
         p = self.params
-        KS.stsgd_close_burst(rec, KS.int_view(rec), state["touched"], state["istate"], state["fstate"],
-                             state["ratios"], c[C_G0], TRUNCATIONS[p.truncation], bool(c[C_QUANT]), c[C_BETA],
-                             state["acc"], p.adagrad, p.adagrad_delta)
-        KS.stsgd_flush(rec, KS.int_view(rec), state["fstate"], state["acc"], p.adagrad, p.adagrad_delta)
+        KS.stsgd_end_stage(rec, KS.int_view(rec), state["touched"], state["istate"], state["fstate"],
+                           state["ratios"], c[C_G0], int(c[C_K]), TRUNCATIONS[p.truncation], bool(c[C_QUANT]),
+                           c[C_BETA], state["acc"], self._ada, p.adagrad_delta)
 
     # --- stage end ----------------------------------------------------------------------------
     def summarize(self, state):
