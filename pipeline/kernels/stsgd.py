@@ -270,7 +270,9 @@ def _count_burst(istate, fstate, g):
 def lazy_close(mode, ratios, quantile_first_burst, g0):
     """Whether bursts are closed lazily (see :func:`stsgd_block`, "Lazy close"): uniform truncation with g0 > 0,
     no (ST-9) ratios and no quantile, which is STSGD's default. (g0 = 0 leaves G constant, and G is what tells a
-    coordinate that a burst ended since it was read.)"""
+    coordinate that a burst ended since it was read.) g0, K, the mode and the ratio buffer must then stay the same
+    from a stage's first call to its :func:`stsgd_end_stage`: a deferred close is applied with the g0·K in force
+    when it is read (the engine changes them between stages only, ST-9/ST-12)."""
     return mode == TRUNC_UNIFORM and ratios.shape[0] == 0 and not quantile_first_burst and g0 > 0.0
 
 
