@@ -267,6 +267,16 @@ def _count_burst(istate, fstate, g):
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
+def _count_close(irec, j, kj, v):
+    """(ST-6) counters of coordinate j at the close of a burst with k̃_j = kj > 0 updates, v its weight after the
+    truncation: c += 1, κ += k̃_j, b += [v ≠ 0] (branch-free: survival is a coin flip for the predictor); k̃_j = 0."""
+    irec[j, RI_EVID] += 1
+    irec[j, RI_UPD] += kj
+    irec[j, RI_SURV] += v != 0.0
+    irec[j, RI_KT] = 0
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
 def lazy_close(mode, ratios, quantile_first_burst, g0):
     """Whether bursts are closed lazily (see :func:`stsgd_block`, "Lazy close"): uniform truncation with g0 > 0,
     no (ST-9) ratios and no quantile, which is STSGD's default. (g0 = 0 leaves G constant, and G is what tells a
@@ -352,10 +362,7 @@ def stsgd_close_burst(rec, irec, touched, istate, fstate, ratios, g0, mode, quan
         rec[j, R_W] = v
         if uniform:
             rec[j, R_WSTART] = G
-        irec[j, RI_EVID] += 1
-        irec[j, RI_UPD] += kj
-        irec[j, RI_SURV] += v != 0.0  # branch-free: survival is a coin flip for the predictor
-        irec[j, RI_KT] = 0
+        _count_close(irec, j, kj, v)
     if uniform:
         fstate[F_G] = G
     istate[I_RATIOS_SEEN] = seen
@@ -408,10 +415,7 @@ def stsgd_end_stage(rec, irec, touched, istate, fstate, ratios, g0, K, mode, qua
             sj = _scale(acc, j, adagrad, delta)
             if kj > 0:
                 a = g0 * pos if gl == G else g0 * K
-                irec[j, RI_EVID] += 1
-                irec[j, RI_UPD] += kj
-                irec[j, RI_SURV] += _soft(wj, a * sj) != 0.0
-                irec[j, RI_KT] = 0
+                _count_close(irec, j, kj, _soft(wj, a * sj))
             rec[j, R_W] = _soft(wj, (Gf - gl) * sj)
         rec[j, R_WSTART] = 0.0
     fstate[F_G] = 0.0
@@ -491,10 +495,7 @@ def stsgd_block(indptr, indices, data, y, rows, start, rec, irec, touched, istat
                     if gl != G:
                         sj = _scale(acc, j, adagrad, delta)
                         if kj > 0:
-                            irec[j, RI_EVID] += 1
-                            irec[j, RI_UPD] += kj
-                            irec[j, RI_SURV] += _soft(wj, gK * sj) != 0.0
-                            irec[j, RI_KT] = 0
+                            _count_close(irec, j, kj, _soft(wj, gK * sj))
                         wj = _soft(wj, (G - gl) * sj)
                         rec[j, R_W] = wj
                         rec[j, R_WSTART] = G
