@@ -225,6 +225,23 @@ class DataRef:
         return merge_blocks(parts, bufs)
 
 
+def keep_columns_of(indptr, indices, data, bits, bufs: dict) -> tuple:
+    """(indptr, indices, data) of the group restricted to the columns set in ``bits`` (:meth:`Algorithm.read_columns`,
+    :func:`pipeline.kernels.columns.keep_columns`): indices and data compacted in place in this thread's buffers
+    ``bufs`` (copied there first when they are not in them, e.g. a block cache's arrays), the row pointers into a
+    buffer of their own; ``indptr`` is not changed."""
+    from pipeline.kernels.columns import keep_columns
+
+    n = indices.shape[0]
+    if not (_in_place([indices], bufs.get(1)) and _in_place([data], bufs.get(2))):
+        ix, dx = grow(bufs, 1, n, indices.dtype), grow(bufs, 2, n, data.dtype)
+        ix[:], dx[:] = indices, data
+        indices, data = ix, dx
+    out = grow(bufs, "indptr", indptr.shape[0], np.int64)
+    k = keep_columns(indptr, indices, data, bits, out)
+    return out, indices[:k], data[:k]
+
+
 def decode_heads(st, bufs: dict, nnz: int) -> tuple:
     """Arrays of ``nnz`` entries of the store's indices and data dtypes from ``bufs`` (:func:`grow`), for
     :meth:`Store.block`'s ``out``."""
@@ -247,6 +264,7 @@ class RunSpec:
 def advance_task(algo: Algorithm, state: dict, data: DataRef, spec: RunSpec, path: int) -> tuple:
     """Advance a private copy of one path's state by one stage (pure): (the settled state, its summary)."""
     t0 = time.perf_counter()
+    keep = algo.read_columns(state)  # of the settled state: the working state may not keep them
     state = algo.working_state(copy_state(state))
     t_copy = time.perf_counter() - t0
     t_read = t_kernel = 0.0
@@ -273,6 +291,9 @@ def advance_task(algo: Algorithm, state: dict, data: DataRef, spec: RunSpec, pat
         t1 = time.perf_counter()
         indptr, indices, data_, y = data.load_group(group, bufs)
         t2 = time.perf_counter()
+        read = indptr  # the rows as read: the non-zeros processed count every entry, kept or not
+        if keep is not None:  # the kernel's time includes this filter
+            indptr, indices, data_ = keep_columns_of(indptr, indices, data_, keep, bufs)
         rows = row_order(spec.seed, int(cur[0]), path, b, y.shape[0], W)
         start = int(cur[2])
         if spec.max_rows:  # the stage ends after max_rows rows, inside a block if need be
@@ -283,7 +304,7 @@ def advance_task(algo: Algorithm, state: dict, data: DataRef, spec: RunSpec, pat
         t_read += t2 - t1
         t_kernel += t3 - t2
         sel = rows[start:start + consumed]
-        nnz += int(np.sum(indptr[sel + 1] - indptr[sel]))
+        nnz += int(np.sum(read[sel + 1] - read[sel]))
         cur[2] += consumed
         if cur[2] >= y.shape[0]:  # (rows may be cut by max_rows)
             cur[1] += 1
@@ -291,7 +312,7 @@ def advance_task(algo: Algorithm, state: dict, data: DataRef, spec: RunSpec, pat
             blocks_done += 1
         if stage_done or (spec.stage_blocks and blocks_done >= spec.stage_blocks):
             break
-    indptr = indices = data_ = y = rows = sel = None  # the last block group: not held through the summary
+    indptr = indices = data_ = y = rows = sel = read = None  # the last block group: not held through the summary
     algo.end_stage(state)
     tim = state.get(TIMING, np.zeros(4))
     state[TIMING] = tim + np.array([t_copy, t_read, t_kernel, nnz], dtype=np.float64)

@@ -71,3 +71,47 @@ def test_models_with_and_without_the_block_cache_are_identical(store):
     algo = make_algorithm("tg", dict(TG))
     b = train(store, algo, passes=3, paths=2, seed=3, cache_bytes=1 << 30)  # fit's default: no cache
     assert np.array_equal(a.dense_weights(), b.w) and a.bias == b.bias
+
+
+def test_keep_columns_equals_numpys_selection_in_place():
+    from pipeline.kernels.columns import keep_columns
+
+    rng = np.random.default_rng(5)
+    p, rows = 203, 40
+    lengths = rng.integers(0, 12, rows)
+    indptr = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    indices = rng.integers(0, p, indptr[-1]).astype(np.int32)
+    data = rng.normal(size=indptr[-1]).astype(np.float32)
+    alive = rng.random(p) < 0.4
+    bits = np.packbits(alive)
+    keep = alive[indices]  # the reference: the same rows, each keeping its entries of alive columns, in order
+    want_indptr = np.concatenate([[0], np.cumsum([keep[a:b].sum() for a, b in zip(indptr[:-1], indptr[1:])])])
+    for aliased in (False, True):
+        ip, ix, x = indptr.copy(), indices.copy(), data.copy()
+        out = ip if aliased else np.full(rows + 1, -7, np.int64)
+        k = keep_columns(ip, ix, x, bits, out)
+        assert k == keep.sum() and np.array_equal(out, want_indptr)
+        assert np.array_equal(ix[:k], indices[keep]) and np.array_equal(x[:k], data[keep])
+        assert aliased or np.array_equal(ip, indptr)  # the row pointers as read are kept
+
+
+@pytest.mark.parametrize("cache_bytes,window", [(0, 4), (0, 1), (1 << 30, 1)])
+def test_stsgd_drops_purged_entries_before_its_kernel_with_the_same_model(store, monkeypatch, cache_bytes, window):
+    """The entries of features out of Ω (ST-8) are dropped from each block group before STSGD's kernel
+    (pipeline.kernels.columns): the same model and path states bit for bit as reading them; a block cache's
+    arrays (window 1: the cached block itself reaches the filter) are left as they were."""
+    import pipeline.algorithms.stsgd as S
+    from pipeline.algorithms import make_algorithm
+
+    def run(share):
+        monkeypatch.setattr(S, "KEEP_COLUMNS_BELOW", share)
+        return E.train(store, make_algorithm("stsgd", {}), passes=3, paths=2, seed=4, cache_bytes=cache_bytes,
+                       shuffle_window=window)
+
+    reading, dropping = run(0.0), run(1.0)
+    alive = np.unpackbits(dropping.states[0]["alive"], count=open_store(store).n_features)
+    assert 0 < alive.sum() < alive.size  # purges happened: the filter had entries to drop
+    assert np.array_equal(reading.w, dropping.w) and reading.bias == dropping.bias
+    for a, b in zip(reading.states, dropping.states):
+        assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
+    assert reading.timing["nnz_processed"] == dropping.timing["nnz_processed"]  # every entry read is counted

@@ -215,6 +215,13 @@ class Algorithm:
         non-zero; default: a fresh state (:meth:`init_path`)."""
         return self.init_path(n_features, 0)
 
+    def read_columns(self, state: dict):
+        """The columns whose entries a stage of the settled ``state`` reads, as packed bits (``np.packbits`` order),
+        or None (default): all. The engine drops the other entries from each block group before :meth:`advance`
+        (:func:`pipeline.engine.keep_columns_of`), so an algorithm returns bits only for columns its kernel skips
+        anyway: the model is then the same bit for bit."""
+        return None
+
     def advance(self, state: dict, indptr, indices, data, y, rows, start: int, pass_index: int):
         """Advance ``state`` in place over ``rows[start:]`` of one block; return (rows consumed, stage done)."""
         raise NotImplementedError
