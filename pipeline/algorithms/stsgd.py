@@ -49,10 +49,11 @@ SCHEDULES = {"sqrt": KS.SCHEDULE_INVSQRT, "invsqrt": KS.SCHEDULE_INVSQRT, "const
 RATIOS = ("c", "paper")
 TRUNCATIONS = {"touched": KS.TRUNC_TOUCHED, "informative": KS.TRUNC_INFORMATIVE, "uniform": KS.TRUNC_UNIFORM}
 # A stage drops the purged features' entries before the kernel (STSGD.read_columns) when at most this share of the
-# columns is in Ω. 35k webspam-like rows x 16.6M features, one path, a pass: Ω of 41% of the columns (stage 2), kernel
-# 2.20-2.30 s against 0.38 s filtering + 0.50-0.54 s; a random Ω of 71%: 2.22-2.26 s against 1.52-1.71 s; of 94%:
-# 1.86-2.00 s against 2.03 s (pipeline.kernels.columns).
-KEEP_COLUMNS_BELOW = 0.75
+# columns is in Ω. 35k webspam-like rows x 16.6M features, one path, a pass over every entry against the filter plus
+# the kernel over the kept ones (pipeline.kernels.columns): Ω of stage 2 (41% of the columns) 2.18-2.27 s against
+# 0.70-0.78 s; a random Ω of 71% 2.21-2.33 s against 1.32-1.41 s; of 94% 1.86-1.88 s against 1.82-1.99 s (a wash).
+# Real purges drop the rarely seen features first, whose cold records are what the filter saves.
+KEEP_COLUMNS_BELOW = 0.9
 # ctrl slots (float64[4], shared by all paths)
 C_G0, C_BETA, C_K, C_QUANT = 0, 1, 2, 3
 
