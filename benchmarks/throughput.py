@@ -24,7 +24,8 @@ to full scale.
    where the algorithm refits by default: the refit is not a pass, benchmarks.webspam times it); the marginal
    pass is (t3 − t1) / 2, wall and core-seconds (W workers: ×W); beside it the seconds the command itself
    reports for its passes 2 and 3 (one process each, so free of the start-up noise of two runs; holdout
-   metrics included), and the engine's copy / read / kernel split per worker;
+   metrics included) and for its pass 1 (STSGD's later passes read only the entries of features still in Ω, so
+   its first pass is the dearest), and the engine's copy / read / kernel split per worker;
 4. Vowpal Wabbit (logistic, --l1, -b 24) on the same training rows (benchmarks.webspam's FIFO feed): one
    text pass writing the cache, then ``--passes 1`` and ``--passes 3`` from the cache; marginal (t3 − t1) / 2;
    VW counts as one core (its CPU time, parser thread included, is reported beside it).
@@ -219,6 +220,7 @@ def command_runs(store: str, algo: str, extra: list[str], workers: int, work: Pa
             "runs": runs, "marginal_valid": bool(valid),
             "seconds": round(m, 2), "train_seconds": round(m_train, 2), "core_s": round(m * workers, 2),
             "stage_s_passes_2_3": round(float(np.mean(stages)), 2) if stages else None,
+            "stage_s_pass_1": runs[3]["stage_s"][0] if runs[3]["stage_s"] else None,
             "per_worker_marginal": {k: round(v, 3) for k, v in per.items()},
             **per_pass(nnz, m, workers), "load1": load1()}
 
@@ -332,6 +334,9 @@ def main(argv=None):
             staged = per_pass(nnz, row["stage_s_passes_2_3"], a.workers)["nnz_per_s_per_core"]
             ratios[f"{algo} (passes 2-3 as timed by the command) vs vw per core"] = ratio(staged, vw)
             ratios[f"{algo} (passes 2-3 as timed by the command) vs tight loop f64 per core"] = ratio(staged, tl)
+        if row and row.get("stage_s_pass_1"):  # the first pass: STSGD's purges make the later passes cheaper
+            first = per_pass(nnz, row["stage_s_pass_1"], a.workers)["nnz_per_s_per_core"]
+            ratios[f"{algo} (pass 1 as timed by the command) vs vw per core"] = ratio(first, vw)
     for algo in algos:
         ratios[f"{algo} kernel (block order) vs tight loop f64"] = ratio(get(f"{algo} kernel alone, block order"), tl)
         ratios[f"{algo} kernel (engine order) vs tight loop f64"] = ratio(get(f"{algo} kernel alone, engine order"),
