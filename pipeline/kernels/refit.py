@@ -15,6 +15,7 @@ locate a hit in O(1): its position in S is its byte's rank plus the set bits bel
 import numba
 import numpy as np
 
+from .intrinsics import base
 from .losses import dloss, loss
 
 
@@ -106,22 +107,30 @@ def compact_block(indptr, indices, data, bits, rank, like=np.zeros(0, np.int32))
 def loss_grad(cindptr, cidx, cval, y, w, bias, code, grad):
     """Sums over the block's rows: returns (Σ ℓ(f_i, y_i), Σ ℓ'(f_i, y_i), Σ ℓ(f_i, y_i)²) with f_i = x_{i,S}·w +
     bias, and writes Σ ℓ'(f_i, y_i)·x_{i,S} into ``grad`` (overwritten; float64[s]). ``code``: losses.LOGISTIC or
-    SQUARED. (Σ ℓ² gives the standard error of a mean validation loss.)"""
+    SQUARED. (Σ ℓ² gives the standard error of a mean validation loss.) The entries are read through raw pointers:
+    without the negative-index wraparound of array indexing the loop ran at 695M entries/s instead of 570-600M (a
+    compacted block of 28M entries over 7,047 columns), the same sums."""
     grad[:] = 0.0
+    ip = base(cidx)
+    vp = base(cval)
+    wp = base(w)
+    gp = base(grad)
     total = 0.0
     total_sq = 0.0
     gbias = 0.0
     for i in range(cindptr.shape[0] - 1):
+        lo = cindptr[i]
+        hi = cindptr[i + 1]
         f = bias
-        for k in range(cindptr[i], cindptr[i + 1]):
-            f += w[cidx[k]] * cval[k]
+        for k in range(lo, hi):
+            f += wp[ip[k]] * vp[k]
         ell = loss(f, y[i], code)
         total += ell
         total_sq += ell * ell
         d = dloss(f, y[i], code, False)
         gbias += d
-        for k in range(cindptr[i], cindptr[i + 1]):
-            grad[cidx[k]] += d * cval[k]
+        for k in range(lo, hi):
+            gp[ip[k]] += d * vp[k]
     return total, gbias, total_sq
 
 
