@@ -81,23 +81,27 @@ def compact_block(indptr, indices, data, bits, rank, like=np.zeros(0, np.int32))
 
     Branch-free: every entry is written at the next slot and the slot advances only for a column of S (whether an
     entry is in S is a coin flip for the predictor: 39% of the entries at 350k webspam-like rows, stsgd's S). An
-    entry outside S reads rank[0] instead of its own rank. 62M -> 91M entries a second there (one core).
+    entry outside S reads rank[0] instead of its own rank. 62M -> 91M entries a second there (one core). Through raw
+    pointers (no negative-index wraparound per access) 68-86M -> 139-163M (28M entries, 39% in a 7,047-column S).
     """
     n_rows = indptr.shape[0] - 1
     nb8 = bits.shape[0] * 8
     cindptr = np.zeros(n_rows + 1, dtype=np.int64)
+    xp = base(indices)
+    bp = base(bits)
     m = 0
     for k in range(indptr[0], indptr[n_rows]):
-        m += _slot(bits, nb8, indices[k])[0]
+        m += _slot(bp, nb8, np.int64(xp[k]))[0]
     cidx = np.empty(m + 1, dtype=like.dtype)  # one slot more: the last entry may be written and not kept
     cval = np.empty(m + 1, dtype=data.dtype)
+    dp, rp, pp, cp, vp = base(data), base(rank), base(_POP8), base(cidx), base(cval)
     m = 0
     for i in range(n_rows):
         for k in range(indptr[i], indptr[i + 1]):
-            inside, jj = _slot(bits, nb8, indices[k])
+            inside, jj = _slot(bp, nb8, np.int64(xp[k]))
             b = jj >> 3
-            cidx[m] = rank[b * inside] + _POP8[bits[b] & ((1 << (jj & 7)) - 1)]
-            cval[m] = data[k]
+            cp[m] = rp[b * inside] + pp[bp[b] & ((1 << (jj & 7)) - 1)]
+            vp[m] = dp[k]
             m += inside
         cindptr[i + 1] = m
     return cindptr, cidx[:m], cval[:m]
