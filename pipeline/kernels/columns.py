@@ -8,7 +8,8 @@ model, are the same bit for bit. Measured on 35k webspam-like rows x 16.6M featu
 6.84M features, 46% of the non-zeros): the kernel over every entry 2.18-2.27 s; this filter 0.20-0.26 s and the
 kernel over the kept entries 0.51-0.53 s. At 350k rows Ω keeps 83k features after stage 1 (39% of the non-zeros,
 the frequent ones, whose records stay in cache): the filter runs at 560-590M entries/s and the kernel at 119M kept
-entries/s (before its sweeps read through raw pointers, 1.5x faster on kept entries). See :data:`pipeline.algorithms.stsgd.KEEP_COLUMNS_BELOW` for when it pays.
+entries/s (before its sweeps read through raw pointers, 1.5x faster on kept entries). See
+:data:`pipeline.algorithms.stsgd.KEEP_COLUMNS_BELOW` for when it pays.
 """
 import numba
 

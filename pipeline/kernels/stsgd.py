@@ -125,6 +125,7 @@ SCHEDULE_CONSTANT = 0
 SCHEDULE_INVSQRT = 1
 
 # record layout: float64 columns of ``rec`` and int32 columns of ``irec = int_view(rec)``
+REC_SLOTS = 4  # float64 slots per record (32 bytes); irec has 2·REC_SLOTS int32 slots
 R_W = 0
 R_WSTART = 1
 RI_KT = 4
@@ -136,7 +137,7 @@ PURGED = -1  # irec[j, RI_KT] of a purged feature
 
 def int_view(rec):
     """The int32[p, 8] view of a record array (same memory; columns RI_* hold k̃, c, b, κ)."""
-    if rec.dtype != np.float64 or rec.ndim != 2 or rec.shape[1] != 4 or not rec.flags.c_contiguous:
+    if rec.dtype != np.float64 or rec.ndim != 2 or rec.shape[1] != REC_SLOTS or not rec.flags.c_contiguous:
         raise ValueError("rec must be a C-contiguous float64[p, 4] record array")
     return rec.view(np.int32)
 
@@ -152,7 +153,7 @@ def new_path_state(p, ratio_capacity=1 << 16, touched_capacity=None, seed=0, ada
     istate = np.zeros(ISTATE_SIZE, dtype=np.int64)
     istate[I_RNG] = np.int64(seed & 0x7FFFFFFFFFFFFFFF)
     return {
-        "rec": zeros_aligned((p, 4), np.float64),  # a record never straddles two cache lines
+        "rec": zeros_aligned((p, REC_SLOTS), np.float64),  # a record never straddles two cache lines
         "touched": np.zeros(max(cap_t, 1), dtype=np.int32),  # feature ids < 2^31 (the store's int32 indices)
         "istate": istate,
         "fstate": np.zeros(FSTATE_SIZE, dtype=np.float64),
@@ -331,7 +332,7 @@ def stsgd_close_burst(rec, irec, touched, istate, fstate, ratios, g0, mode, quan
     for i in range(n):
         if i + PREFETCH_DISTANCE < n:  # a burst of K rows touches ~10^6 features: their records are cold again
             jn = touched[i + PREFETCH_DISTANCE]
-            prefetch(rp, 4 * jn)
+            prefetch(rp, REC_SLOTS * jn)
             if adagrad == ADA_ALL:
                 prefetch(ap, jn)
         j = touched[i]
@@ -475,7 +476,7 @@ def stsgd_block(indptr, indices, data, y, rows, start, rec, irec, touched, istat
     keep_start = ratios.shape[0] > 0 or quantile_first_burst
     lazy = lazy_close(mode, ratios, quantile_first_burst, g0)
     gK = g0 * K  # a full burst's uniform amount
-    rp = base(rec)  # rec[j, c] is rp[4j + c], irec[j, c] is ip[8j + c]: raw pointers, no negative-index wraparound
+    rp = base(rec)  # raw pointers (no wraparound): rec[j, c] is rp[o + c], irec[j, c] is ip[2·o + c], o = REC_SLOTS·j
     ip = base(irec)
     ap = base(acc)
     xp = base(indices)
@@ -491,30 +492,31 @@ def stsgd_block(indptr, indices, data, y, rows, start, rec, irec, touched, istat
         for q in range(lo, hi):
             if q + PREFETCH_DISTANCE < hi:  # a hint only (see sgd.PREFETCH_DISTANCE): one record, one line
                 jn = xp[q + PREFETCH_DISTANCE]
-                prefetch(rp, 4 * jn)
+                prefetch(rp, REC_SLOTS * jn)
                 if adagrad == ADA_ALL:
                     prefetch(ap, jn)
             j = np.int64(xp[q])
-            kj = ip[8 * j + RI_KT]
+            o = REC_SLOTS * j
+            kj = ip[2 * o + RI_KT]
             if kj >= 0:
-                wj = rp[4 * j + R_W]
+                wj = rp[o + R_W]
                 if lazy:  # j's first read since a burst ended: close j's deferred burst, catch j up ("Lazy close")
-                    gl = rp[4 * j + R_WSTART]
+                    gl = rp[o + R_WSTART]
                     if gl != G:
                         sj = _scale(acc, j, adagrad, delta)
                         if kj > 0:
                             _count_close(irec, j, kj, _soft(wj, gK * sj))
                         wj = _soft(wj, (G - gl) * sj)
-                        rp[4 * j + R_W] = wj
-                        rp[4 * j + R_WSTART] = G
+                        rp[o + R_W] = wj
+                        rp[o + R_WSTART] = G
                 elif uniform:  # catch-up, branch-free: whether j is first read in this burst is a coin flip
-                    ws = rp[4 * j + R_WSTART]
+                    ws = rp[o + R_WSTART]
                     first = kj == 0
                     owed = G - ws
                     wn = _soft(wj, owed * _scale(acc, j, adagrad, delta))
                     wj = wn if first and owed != 0.0 else wj
-                    rp[4 * j + R_W] = wj
-                    rp[4 * j + R_WSTART] = G if first else ws
+                    rp[o + R_W] = wj
+                    rp[o + R_WSTART] = G if first else ws
                 f += wj * dp[q]
         t = istate[I_T] + 1
         istate[I_T] = t
@@ -529,9 +531,10 @@ def stsgd_block(indptr, indices, data, y, rows, start, rec, irec, touched, istat
             nt = istate[I_NTOUCHED]
             for q in range(lo, hi):
                 j = np.int64(xp[q])
-                kj = ip[8 * j + RI_KT]
+                o = REC_SLOTS * j
+                kj = ip[2 * o + RI_KT]
                 if kj >= 0:
-                    wj = rp[4 * j + R_W]
+                    wj = rp[o + R_W]
                     first = kj == 0  # j's first touch in the burst, branch-free as in the sweep above
                     if not lazy:  # the eager close visits the burst's first touches
                         if nt < cap_t:
@@ -541,16 +544,16 @@ def stsgd_block(indptr, indices, data, y, rows, start, rec, irec, touched, istat
                             raise ValueError("stsgd_block: touched buffer too small")
                         nt += np.int64(first)
                     if keep_start:  # w_start feeds the (ST-9) ratios only; in uniform mode the close rewrites it
-                        ws = rp[4 * j + R_WSTART]
-                        rp[4 * j + R_WSTART] = wj if first else ws
-                    ip[8 * j + RI_KT] = kj + 1
+                        ws = rp[o + R_WSTART]
+                        rp[o + R_WSTART] = wj if first else ws
+                    ip[2 * o + RI_KT] = kj + 1
                     if adagrad == ADA_ALL:
                         gj = d * dp[q]
-                        a = acc[j] + gj * gj
-                        acc[j] = a
-                        rp[4 * j + R_W] = wj - e * gj / (delta + math.sqrt(a))
+                        a = ap[j] + gj * gj
+                        ap[j] = a
+                        rp[o + R_W] = wj - e * gj / (delta + math.sqrt(a))
                     else:
-                        rp[4 * j + R_W] = wj - step * dp[q]
+                        rp[o + R_W] = wj - step * dp[q]
             istate[I_NTOUCHED] = nt
         if fit_bias:
             if adagrad != ADA_OFF:
