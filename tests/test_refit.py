@@ -184,8 +184,9 @@ def test_restrict_columns_equals_numpy_column_selection():
 
 def test_an_evaluation_restricted_to_columns_equals_the_full_one_with_zeros_elsewhere(small, client):
     """evaluate(theta_W, cols=W) (the L1 solve's working set) sums over W's non-zeros only: the loss and the
-    gradient on W equal the evaluation over all of S with w = 0 outside W, bit for bit on the loss sums, on the
-    cluster and in process, with and without the validation split."""
+    gradient on W equal the evaluation over all of S with w = 0 outside W to rounding (a row's dot product sums its
+    entries in four interleaved partial sums, K._dot, and dropping the columns outside W regroups them), the row
+    count exactly, on the cluster and in process, with and without the validation split."""
     store, model = small
     S = model.coef_indices
     rng = np.random.default_rng(11)
@@ -198,8 +199,9 @@ def test_an_evaluation_restricted_to_columns_equals_the_full_one_with_zeros_else
             prob = RefitProblem(store, S, l2=1e-3, client=c, split=split)
             full = prob.sums(theta[:-1], theta[-1], part)
             sub = prob.sums(theta[cols], theta[-1], part, cols)
-            assert sub[:4].tobytes() == full[:4].tobytes()
-            np.testing.assert_array_equal(sub[4:], full[4:][cols])
+            assert sub[2] == full[2] > 0
+            np.testing.assert_allclose(sub[[0, 1, 3]], full[[0, 1, 3]], rtol=1e-13)
+            np.testing.assert_allclose(sub[4:], full[4:][cols], rtol=1e-12, atol=1e-15)
             f, g = prob.evaluate(np.append(theta[cols], theta[-1]), part, cols=cols)
             f_full, g_full = prob.evaluate(theta, part)
             np.testing.assert_allclose(f, f_full, rtol=1e-14)

@@ -50,6 +50,7 @@ def test_spill_cache_keeps_what_fits_spills_the_rest_and_drops_what_is_not_kept(
             np.testing.assert_array_equal(a, blocks[k][0])
             np.testing.assert_array_equal(b, blocks[k][1])
     assert built == list(range(6))  # each built once: 2 in memory, 4 read back from their spill files
+    assert not get(5)[0].flags.writeable and get(0)[0].flags.writeable  # spilled: mapped read-only, not copied
     assert c.memory.nbytes == 2 * 1000 and len(spill_files(tmp_path)) == 4
     c.drop(lambda key: key[1] < 4)  # entries 0-3 no longer wanted: out of memory and off the disk
     get(9)

@@ -107,13 +107,36 @@ def compact_block(indptr, indices, data, bits, rank, like=np.zeros(0, np.int32))
     return cindptr, cidx[:m], cval[:m]
 
 
+@numba.njit(cache=True, nogil=True, inline="always")
+def _dot(ip, vp, wp, lo, hi):
+    """Σ_{k in lo..hi-1} w[idx[k]]·val[k] through raw pointers, in four partial sums (entries k ≡ 0, 1, 2, 3
+    mod 4 from lo, the remainder in the first, added as (s0 + s1) + (s2 + s3)): one running sum is a chain of
+    dependent additions, four keep the gathers in flight. A fixed order, so the same bits on every run."""
+    s0 = 0.0
+    s1 = 0.0
+    s2 = 0.0
+    s3 = 0.0
+    k = lo
+    while k + 4 <= hi:
+        s0 += wp[ip[k]] * vp[k]
+        s1 += wp[ip[k + 1]] * vp[k + 1]
+        s2 += wp[ip[k + 2]] * vp[k + 2]
+        s3 += wp[ip[k + 3]] * vp[k + 3]
+        k += 4
+    while k < hi:
+        s0 += wp[ip[k]] * vp[k]
+        k += 1
+    return (s0 + s1) + (s2 + s3)
+
+
 @numba.njit(cache=True, nogil=True)
 def loss_grad(cindptr, cidx, cval, y, w, bias, code, grad):
     """Sums over the block's rows: returns (Σ ℓ(f_i, y_i), Σ ℓ'(f_i, y_i), Σ ℓ(f_i, y_i)²) with f_i = x_{i,S}·w +
     bias, and writes Σ ℓ'(f_i, y_i)·x_{i,S} into ``grad`` (overwritten; float64[s]). ``code``: losses.LOGISTIC or
     SQUARED. (Σ ℓ² gives the standard error of a mean validation loss.) The entries are read through raw pointers:
     without the negative-index wraparound of array indexing the loop ran at 695M entries/s instead of 570-600M (a
-    compacted block of 28M entries over 7,047 columns), the same sums."""
+    compacted block of 28M entries over 7,047 columns), and with :func:`_dot`'s four partial sums at 765-775M
+    instead of 670-680M (30 blocks of 350k webspam-like rows compacted to stsgd's S of 7,047 columns)."""
     grad[:] = 0.0
     ip = base(cidx)
     vp = base(cval)
@@ -125,9 +148,7 @@ def loss_grad(cindptr, cidx, cval, y, w, bias, code, grad):
     for i in range(cindptr.shape[0] - 1):
         lo = cindptr[i]
         hi = cindptr[i + 1]
-        f = bias
-        for k in range(lo, hi):
-            f += wp[ip[k]] * vp[k]
+        f = bias + _dot(ip, vp, wp, lo, hi)
         ell = loss(f, y[i], code)
         total += ell
         total_sq += ell * ell
