@@ -183,7 +183,8 @@ def restrict_columns(cindptr, cidx, cval, pos):
     """A compacted block restricted further to a subset W of S: the entries whose position p in S has
     ``pos[p]`` ≥ 0, renumbered to ``pos[p]`` (W's own positions 0..|W|-1; int32[s], −1 outside W), in the same
     order. Returns (indptr int64[n_rows + 1], idx of ``cidx``'s dtype, val). Summing over it is summing over the
-    block with w = 0 outside W, the same terms in the same order. Branch-free as :func:`compact_block`."""
+    block with w = 0 outside W, to rounding (:func:`_dot` groups a row's terms by their place in the row, and the
+    zeros no longer take places). Branch-free as :func:`compact_block`."""
     n_rows = cindptr.shape[0] - 1
     m = 0
     for k in range(cindptr[0], cindptr[n_rows]):
