@@ -1,12 +1,12 @@
 """A worker's cache of derived blocks, bounded in memory, that spills what does not fit to local disk.
 
 The refit sweeps every one of a worker's compacted blocks at each of its 100-300 evaluations. Rebuilding a block
-(decode it, compact it to S) costs ~15x evaluating it, and an LRU smaller than the sweep hits nothing, so the
-blocks that fit the memory budget stay (:meth:`pipeline.engine.BlockCache.get` with ``pin``) and the others are
-written once to a spill directory and mapped from it at each sweep (350k webspam-like
-rows, stsgd's S: ~0.3 ms per 8 MB block from the OS page cache, ~1 ms when it was copied, against ~2 ms to evaluate
-it and ~40 ms to rebuild it). That is what keeps a worker's memory bounded whatever the rows: the page cache holding the spill files is the kernel's to reclaim, and under
-pressure they are read from disk, as the store itself is.
+(decode it, compact it to S) costs ~20x evaluating it, and an LRU smaller than the sweep hits nothing, so the blocks
+that fit the memory budget stay (:meth:`pipeline.engine.BlockCache.get` with ``pin``) and the others are written
+once to a spill directory and mapped from it at each sweep (350k webspam-like rows, stsgd's S: ~0.3 ms per 8 MB
+block from the OS page cache, ~1 ms when it was copied, against ~2 ms to evaluate it and ~40 ms to rebuild it). That
+is what keeps a worker's memory bounded whatever the rows: the page cache holding the spill files is the kernel's to
+reclaim, and under pressure they are read from disk, as the store itself is.
 
 Spill files are NumPy's .npy records (no pickle), written to a temporary name and renamed, in a directory of the
 process's own: the Dask worker's local directory (removed when the worker closes, purged by the next worker if it

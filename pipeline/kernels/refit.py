@@ -135,7 +135,7 @@ def loss_grad(cindptr, cidx, cval, y, w, bias, code, grad):
     bias, and writes Σ ℓ'(f_i, y_i)·x_{i,S} into ``grad`` (overwritten; float64[s]). ``code``: losses.LOGISTIC or
     SQUARED. (Σ ℓ² gives the standard error of a mean validation loss.) The entries are read through raw pointers:
     without the negative-index wraparound of array indexing the loop ran at 695M entries/s instead of 570-600M (a
-    compacted block of 28M entries over 7,047 columns), and with :func:`_dot`'s four partial sums at 765-775M
+    compacted block of 28M entries over 7,047 columns), and with :func:`_dot`'s four partial sums at 765-790M
     instead of 670-680M (30 blocks of 350k webspam-like rows compacted to stsgd's S of 7,047 columns)."""
     grad[:] = 0.0
     ip = base(cidx)
