@@ -89,7 +89,9 @@ def ftrl_block(indptr, indices, data, y, rows, z, n, istate, fstate, alpha, beta
     Coordinate j's z is z[S·j] and its n is n[S·j + O] (S = 1, O = 0: two arrays; S = 2, O = 1: one interleaved
     array passed as both). Feature indices must be < p and unique within a row. A scratch buffer of the longest
     row's length (allocated once, before the row loop) keeps each row's weights between the score and the update.
-    The score sweep prefetches the coordinate PREFETCH_DISTANCE entries ahead (a hint: the same arithmetic).
+    The score sweep prefetches the coordinate PREFETCH_DISTANCE entries ahead (a hint: the same arithmetic). Both
+    sweeps read and write through raw pointers (``base``: no negative-index wraparound at each access): 35k webspam-like
+    rows at full width, `train --algo ftrl --workers 2`, kernel 60.7-67.5M -> 67.8-76.6M non-zeros/s, the same bits.
     """
     longest = 0
     for r in range(rows.shape[0]):
@@ -103,6 +105,9 @@ def ftrl_block(indptr, indices, data, y, rows, z, n, istate, fstate, alpha, beta
     nb = fstate[1]
     zp = base(z)
     npt = base(n)
+    ip = base(indices)
+    vp = base(data)
+    wp = base(wrow)
     for r in range(rows.shape[0]):
         i = rows[r]
         lo = indptr[i]
@@ -111,14 +116,14 @@ def ftrl_block(indptr, indices, data, y, rows, z, n, istate, fstate, alpha, beta
         acc = 0.0
         for k in range(lo, hi):
             if k + PREFETCH_DISTANCE < hi:
-                jn = indices[k + PREFETCH_DISTANCE]
+                jn = ip[k + PREFETCH_DISTANCE]
                 prefetch(zp, S * jn)
                 if S == 1:  # interleaved: n_j shares z_j's line
                     prefetch(npt, jn)
-            j = indices[k]
-            wj = ftrl_weight(z[S * j], n[S * j + O], alpha, beta, l1, l2)
-            wrow[k - lo] = wj
-            acc += wj * data[k]
+            j = ip[k]
+            wj = ftrl_weight(zp[S * j], npt[S * j + O], alpha, beta, l1, l2)
+            wp[k - lo] = wj
+            acc += wj * vp[k]
         b = 0.0
         if fit_bias:
             b = ftrl_weight(zb, nb, alpha, beta, 0.0, 0.0)
@@ -126,13 +131,13 @@ def ftrl_block(indptr, indices, data, y, rows, z, n, istate, fstate, alpha, beta
         if d == 0.0:
             continue  # g = 0: σ = 0, z and n unchanged
         for k in range(lo, hi):
-            j = indices[k]
-            g = d * data[k]
-            ni = n[S * j + O]
+            j = ip[k]
+            g = d * vp[k]
+            ni = npt[S * j + O]
             nn = ni + g * g
             sigma = (math.sqrt(nn) - math.sqrt(ni)) / alpha
-            z[S * j] = z[S * j] + g - sigma * wrow[k - lo]
-            n[S * j + O] = nn
+            zp[S * j] = zp[S * j] + g - sigma * wp[k - lo]
+            npt[S * j + O] = nn
         if fit_bias:
             nn = nb + d * d
             sigma = (math.sqrt(nn) - math.sqrt(nb)) / alpha
