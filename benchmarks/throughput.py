@@ -48,7 +48,7 @@ import numpy as np
 from benchmarks.common import algo_specs, out_dir, report, spec_name
 from pipeline.kernels.intrinsics import base, prefetch
 from pipeline.kernels.losses import LOGISTIC, dloss
-from pipeline.kernels.sgd import PREFETCH_DISTANCE, row_dot
+from pipeline.kernels.sgd import PREFETCH_DISTANCE
 
 @numba.njit(nogil=True, cache=True)
 def logistic_sgd(indptr, indices, data, y, rows, w, bstate, eta, ahead=0):
@@ -57,27 +57,30 @@ def logistic_sgd(indptr, indices, data, y, rows, w, bstate, eta, ahead=0):
     float32, C-contiguous (the product w_j·x_j in w's type, the sum in float64). The reference the other
     figures are compared with: two passes over the row's entries, one random access into w per entry and
     pass. ``ahead`` > 0: the scoring sweep prefetches w of the entry that many positions ahead (as TG's kernel
-    does, pipeline.kernels.sgd.PREFETCH_DISTANCE); the arithmetic is the same."""
+    does, pipeline.kernels.sgd.PREFETCH_DISTANCE); the arithmetic is the same. The entries and w are read
+    through raw pointers, as the kernels it is compared with read theirs (numba's array indexing wraps a
+    negative index around at every access; until the twenty-eighth session this loop paid that and ours did
+    not, which flattered the ratios against it)."""
     b = bstate[0]
     wp = base(w)
+    ip = base(indices)
+    vp = base(data)
     for r in range(rows.shape[0]):
         i = rows[r]
         lo = indptr[i]
         hi = indptr[i + 1]
         if ahead > 0:
             for k in range(lo, min(lo + ahead, hi)):
-                prefetch(wp, indices[k])
-            acc = 0.0
-            for k in range(lo, hi):
-                if k + ahead < hi:
-                    prefetch(wp, indices[k + ahead])
-                acc += w[indices[k]] * data[k]
-        else:
-            acc = row_dot(w, indices, data, lo, hi)
+                prefetch(wp, ip[k])
+        acc = 0.0
+        for k in range(lo, hi):
+            if ahead > 0 and k + ahead < hi:
+                prefetch(wp, ip[k + ahead])
+            acc += wp[ip[k]] * vp[k]
         d = dloss(acc + b, y[i], LOGISTIC, False)
         step = eta * d
         for k in range(lo, hi):
-            w[indices[k]] -= step * data[k]
+            wp[ip[k]] -= step * vp[k]
         b -= step
     bstate[0] = b
 
