@@ -48,19 +48,19 @@ import numpy as np
 from benchmarks.common import algo_specs, out_dir, report, spec_name
 from pipeline.kernels.intrinsics import base, prefetch
 from pipeline.kernels.losses import LOGISTIC, dloss
-from pipeline.kernels.sgd import PREFETCH_DISTANCE
+from pipeline.kernels.sgd import PREFETCH_DISTANCE, row_dot
 
 @numba.njit(nogil=True, cache=True)
 def logistic_sgd(indptr, indices, data, y, rows, w, bstate, eta, ahead=0):
-    """Plain logistic SGD over the rows ``rows`` of one CSR block: per row f = w·x + b, d = ℓ'(f, y),
-    w_j ← w_j − η·d·x_j on nz(x), b ← b − η·d (constant η; ``bstate`` = [b], float64[1]). ``w`` float64 or
-    float32, C-contiguous (the product w_j·x_j in w's type, the sum in float64). The reference the other
-    figures are compared with: two passes over the row's entries, one random access into w per entry and
-    pass. ``ahead`` > 0: the scoring sweep prefetches w of the entry that many positions ahead (as TG's kernel
-    does, pipeline.kernels.sgd.PREFETCH_DISTANCE); the arithmetic is the same. The entries and w are read
-    through raw pointers, as the kernels it is compared with read theirs (numba's array indexing wraps a
-    negative index around at every access; until the twenty-eighth session this loop paid that and ours did
-    not, which flattered the ratios against it)."""
+    """Plain logistic SGD over the rows ``rows`` of one CSR block: per row f = w·x + b, d = ℓ'(f, y), w_j ← w_j −
+    η·d·x_j on nz(x), b ← b − η·d (constant η; ``bstate`` = [b], float64[1]). ``w`` float64 or float32,
+    C-contiguous (the product w_j·x_j in w's type, the sum in float64). The reference the other figures are
+    compared with: two passes over the row's entries, one random access into w per entry and pass. ``ahead`` > 0:
+    the scoring sweep prefetches w of the entry that many positions ahead (as TG's kernel does,
+    pipeline.kernels.sgd.PREFETCH_DISTANCE); the arithmetic is the same. The entries and w are read through raw
+    pointers (here and in ``row_dot``), as the kernels it is compared with read theirs (numba's array indexing
+    wraps a negative index around at every access; until the twenty-eighth session this loop paid that and ours
+    did not, which flattered the ratios against it)."""
     b = bstate[0]
     wp = base(w)
     ip = base(indices)
@@ -72,11 +72,13 @@ def logistic_sgd(indptr, indices, data, y, rows, w, bstate, eta, ahead=0):
         if ahead > 0:
             for k in range(lo, min(lo + ahead, hi)):
                 prefetch(wp, ip[k])
-        acc = 0.0
-        for k in range(lo, hi):
-            if ahead > 0 and k + ahead < hi:
-                prefetch(wp, ip[k + ahead])
-            acc += wp[ip[k]] * vp[k]
+            acc = 0.0
+            for k in range(lo, hi):
+                if k + ahead < hi:
+                    prefetch(wp, ip[k + ahead])
+                acc += wp[ip[k]] * vp[k]
+        else:
+            acc = row_dot(w, indices, data, lo, hi)
         d = dloss(acc + b, y[i], LOGISTIC, False)
         step = eta * d
         for k in range(lo, hi):

@@ -123,10 +123,14 @@ def check_tg_params(l2, theta, g, K, *, eta=None, schedule=None, power_t=None):
 
 @numba.njit(cache=True, nogil=True, inline="always")
 def row_dot(w, indices, data, lo, hi):
-    """w·x for the CSR row whose entries are indices/data[lo:hi] (same summation order as a plain loop)."""
+    """w·x for the CSR row whose entries are indices/data[lo:hi] (same summation order as a plain loop), read
+    through raw pointers (``intrinsics.base``: no negative-index wraparound at each access; C-contiguous arrays)."""
+    wp = base(w)
+    ip = base(indices)
+    vp = base(data)
     acc = 0.0
     for k in range(lo, hi):
-        acc += w[indices[k]] * data[k]
+        acc += wp[ip[k]] * vp[k]
     return acc
 
 
