@@ -68,6 +68,23 @@ def test_read_array_into_out_when_dtype_matches(tmp_path, kind):
         assert not other.any()
 
 
+def test_read_raw_reads_a_range_of_a_raw_array_and_names_a_short_file(tmp_path):
+    """A range [a, b) of a raw one-chunk array reads as the array's slice (into ``out``'s head when it fits);
+    a chunk file shorter than the range is an error naming the file."""
+    g = str(tmp_path)
+    fmt.make_group(g)
+    arr = np.random.default_rng(2).integers(0, 2**40, 50_000)  # random: stored raw
+    fmt.write_array(g, "a", arr, compress=False)
+    assert fmt.raw_map(g, "a") is not None
+    for a, b in ((0, 50_000), (123, 4_567), (49_999, 50_000), (7, 7)):
+        assert np.array_equal(fmt.read_raw(g, "a", arr.dtype, a, b), arr[a:b])
+    out = np.full(10_000, -1, np.int64)
+    got = fmt.read_raw(g, "a", arr.dtype, 100, 5_100, out)
+    assert np.shares_memory(got, out) and np.array_equal(got, arr[100:5_100]) and (out[5_000:] == -1).all()
+    with pytest.raises(fmt.StoreError, match=r"a/c/0.*\[49000, 51000\)"):
+        fmt.read_raw(g, "a", arr.dtype, 49_000, 51_000)
+
+
 @pytest.mark.parametrize("dtype", [np.uint8, np.int32, np.int64, np.float32, np.float64])
 def test_codec_writes_numcodecs_frames_into_a_reused_buffer(dtype, monkeypatch):
     from numcodecs import Blosc

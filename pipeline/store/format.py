@@ -159,6 +159,25 @@ def raw_map(group_path: str, name: str) -> np.ndarray | None:
     return np.memmap(os.path.join(group_path, name, "c", "0"), dtype=got[2], mode="r", shape=(got[3][0],))
 
 
+def read_raw(group_path: str, name: str, dtype: np.dtype, a: int, b: int, out: np.ndarray | None = None) -> np.ndarray:
+    """Elements [a, b) of the raw one-chunk array ``group_path/name`` of ``dtype`` (see :func:`raw_map`), read into
+    the head of ``out`` when it is a contiguous array of that dtype with room for them, else into a new array."""
+    n = max(0, b - a)
+    fits = out is not None and out.dtype == dtype and out.ndim == 1 and out.shape[0] >= n and out.flags.c_contiguous
+    out = out[:n] if fits else np.empty(n, dtype=dtype)
+    path = os.path.join(group_path, name, "c", "0")
+    buf, got = memoryview(out.view(np.uint8)), 0
+    with open(path, "rb", buffering=0) as f:
+        while got < out.nbytes:
+            k = os.preadv(f.fileno(), [buf[got:]], a * dtype.itemsize + got)
+            if k <= 0:
+                break
+            got += k
+    if got != out.nbytes:
+        raise StoreError(f"{path}: {got} bytes where [{a}, {b}) of {dtype} should be")
+    return out
+
+
 def _read_one_chunk(path: str, out: np.ndarray | None = None) -> np.ndarray | None:
     got = _one_chunk_meta(path)
     if got is None:
