@@ -47,8 +47,12 @@ touch settles j's debt first: between two touches every truncation step k applie
 with the same n_j, whose sum is (G − Gl[j])/(δ + √n_j), and T1 composes (C-2). Order at a touch: catch up with
 the OLD n_j, score, n_j += g², gradient step with the new n_j, this step's truncation with the new n_j
 (G − Gl[j] is then this step's gravity only). ``_fold``/``tg_ada_flush`` use the same per-coordinate factor.
-Cost per row stays O(nnz(row)). Rows must not repeat an index (the store guarantees it): with a repeated
-index the per-entry accumulation differs from the dense g_j = d·Σx_j.
+Cost per row stays O(nnz(row)).
+
+One sweep applies a row's gradient step and its truncation (TG-2), coordinate by coordinate: each coordinate's
+own order (step, then truncation) is the dense rule's because rows never repeat an index (the store guarantees
+it: the parser refuses a repeated or decreasing feature index). With a repeated index the first occurrence would be truncated
+before the second's step, and AdaGrad's per-entry accumulation would differ from the dense g_j = d·Σx_j.
 """
 import math
 
@@ -244,8 +248,14 @@ def _tg_rows(indptr, indices, data, y, rows, w, Gl, n, istate, fstate, eta, sche
         # weight decay: O(1) on the scale
         if l2 != 0.0:
             s *= 1.0 - e * l2
-        # (TG-1) gradient step, in storage units (AdaGrad: n_j += (d·x_j)² first, then the new rate)
+        # (TG-1) gradient step, in storage units (AdaGrad: n_j += (d·x_j)² first, then the new rate), and (TG-2) the
+        # truncation of this step applied to the touched coordinates in the same sweep (each coordinate's own order:
+        # step, then truncation; rows repeat no index), to the others lazily
         step = e * d / s
+        trunc = do_trunc and t % K == 0
+        if trunc:
+            G += e * Kg / s
+            th = theta / s
         for k in range(lo, hi):
             j = indices[k]
             dw = step * data[k]
@@ -253,24 +263,20 @@ def _tg_rows(indptr, indices, data, y, rows, w, Gl, n, istate, fstate, eta, sche
                 gk = d * data[k]
                 n[j] += gk * gk
                 dw = dw / _rate(n, j, delta)
-            w[S * j] -= dw
+            v = w[S * j] - dw
+            if trunc:
+                a = G - Gl[S * j + O]
+                if ada:
+                    a = a / _rate(n, j, delta)
+                v = _t1(v, a, th)
+                Gl[S * j + O] = G
+            w[S * j] = v
         if fit_bias:
             if bias_ada:
                 nb += d * d
                 b -= e * d / (bias_delta + math.sqrt(nb))
             else:
                 b -= e * d
-        # (TG-2) truncation of this step, applied to the touched coordinates now, to the others lazily
-        if do_trunc and t % K == 0:
-            G += e * Kg / s
-            th = theta / s
-            for k in range(lo, hi):
-                j = indices[k]
-                a = G - Gl[S * j + O]
-                if ada:
-                    a = a / _rate(n, j, delta)
-                w[S * j] = _t1(w[S * j], a, th)
-                Gl[S * j + O] = G
         if s < FOLD_THRESHOLD:
             _fold(w, Gl, n, G, s, theta, delta, ada, S, O)
             G = 0.0
