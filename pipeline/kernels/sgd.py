@@ -51,8 +51,9 @@ Cost per row stays O(nnz(row)).
 
 One sweep applies a row's gradient step and its truncation (TG-2), coordinate by coordinate: each coordinate's
 own order (step, then truncation) is the dense rule's because rows never repeat an index (the store guarantees
-it: the parser refuses a repeated or decreasing feature index). With a repeated index the first occurrence would be truncated
-before the second's step, and AdaGrad's per-entry accumulation would differ from the dense g_j = d·Σx_j.
+it: the parser refuses a repeated or decreasing feature index). With a repeated index the first occurrence would
+be truncated before the second's step, and AdaGrad's per-entry accumulation would differ from the dense
+g_j = d·Σx_j.
 """
 import math
 
@@ -259,15 +260,17 @@ def _tg_rows(indptr, indices, data, y, rows, w, Gl, n, istate, fstate, eta, sche
         for k in range(lo, hi):
             j = indices[k]
             dw = step * data[k]
+            rj = 1.0
             if ada:
                 gk = d * data[k]
                 n[j] += gk * gk
-                dw = dw / _rate(n, j, delta)
+                rj = _rate(n, j, delta)  # the new n_j's, for the step and the truncation
+                dw = dw / rj
             v = w[S * j] - dw
             if trunc:
                 a = G - Gl[S * j + O]
                 if ada:
-                    a = a / _rate(n, j, delta)
+                    a = a / rj
                 v = _t1(v, a, th)
                 Gl[S * j + O] = G
             w[S * j] = v
