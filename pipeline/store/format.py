@@ -150,17 +150,26 @@ def _one_chunk_meta(path: str) -> tuple[dict, bool, np.dtype, list] | None:
     return meta, names[-1] == "blosc", np.dtype(meta["data_type"]).newbyteorder("<"), shape
 
 
-def raw_map(group_path: str, name: str) -> np.ndarray | None:
-    """A read-only memory map of the raw (uncompressed) one-chunk array ``group_path/name``, to read parts of it;
-    None when it is compressed, empty or in another layout."""
+def raw_layout(group_path: str, name: str) -> tuple[np.dtype, int] | None:
+    """(dtype, length) of the raw (uncompressed) one-chunk array ``group_path/name``, whose elements lie in its
+    chunk file from offset 0; None when it is compressed, empty or in another layout."""
     got = _one_chunk_meta(os.path.join(group_path, name))
     if got is None or got[1] or not got[3][0]:
         return None
-    return np.memmap(os.path.join(group_path, name, "c", "0"), dtype=got[2], mode="r", shape=(got[3][0],))
+    return got[2], got[3][0]
+
+
+def raw_map(group_path: str, name: str, layout: tuple | None = None) -> np.ndarray | None:
+    """A read-only memory map of the raw (uncompressed) one-chunk array ``group_path/name``, to read parts of it;
+    None when it is compressed, empty or in another layout. ``layout``: its :func:`raw_layout`, when known."""
+    got = layout or raw_layout(group_path, name)
+    if got is None:
+        return None
+    return np.memmap(os.path.join(group_path, name, "c", "0"), dtype=got[0], mode="r", shape=(got[1],))
 
 
 def read_raw(group_path: str, name: str, dtype: np.dtype, a: int, b: int, out: np.ndarray | None = None) -> np.ndarray:
-    """Elements [a, b) of the raw one-chunk array ``group_path/name`` of ``dtype`` (see :func:`raw_map`), read into
+    """Elements [a, b) of the raw one-chunk array ``group_path/name`` of ``dtype`` (see :func:`raw_layout`), read into
     the head of ``out`` when it is a contiguous array of that dtype with room for them, else into a new array."""
     n = max(0, b - a)
     fits = out is not None and out.dtype == dtype and out.ndim == 1 and out.shape[0] >= n and out.flags.c_contiguous

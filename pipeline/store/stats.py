@@ -152,11 +152,11 @@ def _band_bounds(group: str, lo: int, hi: int) -> tuple | None:
     """(a, b, dtypes): positions [a, b) of the features lo <= j < hi in a block's raw statistics (two binary
     searches over a memory map of its feature ids, unmapped on return) and the arrays' dtypes; None for statistics
     stored otherwise (a store version's, compressed)."""
-    maps = [fmt.raw_map(group, n) for n in BLOCK_STATS]
-    if any(m is None for m in maps):
+    layouts = [fmt.raw_layout(group, n) for n in BLOCK_STATS]
+    if any(got is None for got in layouts):
         return None
-    a, b = np.searchsorted(maps[0], [lo, hi])
-    return int(a), int(b), [m.dtype for m in maps]
+    a, b = np.searchsorted(fmt.raw_map(group, BLOCK_STATS[0], layouts[0]), [lo, hi])
+    return int(a), int(b), [dtype for dtype, _ in layouts]
 
 
 def _band_read(group: str, lo: int, hi: int, bounds, out=None):
