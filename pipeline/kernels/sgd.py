@@ -223,7 +223,9 @@ def _tg_rows(indptr, indices, data, y, rows, w, Gl, n, istate, fstate, eta, sche
         else:
             e = eta
         th = theta / s
-        # catch up to step t-1 (pending lazy truncation, C-2; AdaGrad: with the OLD n_j) and score
+        trunc = do_trunc and t % K == 0  # (TG-2) at this step
+        # catch up to step t-1 (pending lazy truncation, C-2; AdaGrad: with the OLD n_j) and score; each coordinate
+        # then owes nothing (Gl_j = G), which a step that truncates records in its own sweep below
         acc = 0.0
         for k in range(lo, hi):
             if k + PREFETCH_DISTANCE < hi:
@@ -242,7 +244,8 @@ def _tg_rows(indptr, indices, data, y, rows, w, Gl, n, istate, fstate, eta, sche
             vn = _t1(v, owe, th)
             v = vn if pend != 0.0 else v  # a select, not a branch: whether j owes is a coin flip per entry
             w[S * j] = v
-            Gl[S * j + O] = G
+            if not trunc:
+                Gl[S * j + O] = G
             acc += v * data[k]
         f = s * acc + b
         d = dloss(f, y[i], loss, hinge_at_one)
@@ -253,10 +256,12 @@ def _tg_rows(indptr, indices, data, y, rows, w, Gl, n, istate, fstate, eta, sche
         # truncation of this step applied to the touched coordinates in the same sweep (each coordinate's own order:
         # step, then truncation; rows repeat no index), to the others lazily
         step = e * d / s
-        trunc = do_trunc and t % K == 0
+        owed = 0.0
         if trunc:
+            G_caught = G  # every coordinate of the row is caught up to it: each owes G − G_caught
             G += e * Kg / s
             th = theta / s
+            owed = G - G_caught
         for k in range(lo, hi):
             j = indices[k]
             dw = step * data[k]
@@ -268,7 +273,7 @@ def _tg_rows(indptr, indices, data, y, rows, w, Gl, n, istate, fstate, eta, sche
                 dw = dw / rj
             v = w[S * j] - dw
             if trunc:
-                a = G - Gl[S * j + O]
+                a = owed
                 if ada:
                     a = a / rj
                 v = _t1(v, a, th)
