@@ -174,8 +174,8 @@ def run_reporting(bar: Progress, fn):
 
 
 NO_VERIFY_HELP = ("Read blocks without checking them against the manifest checksums (a corrupt block then feeds "
-                  "wrong numbers; the check is one XXH64 pass over a block's decoded arrays, once per worker when "
-                  "it caches the block). With --scheduler, remote workers check unless their environment has "
+                  "wrong numbers; the check is one XXH64 pass over a block's decoded arrays; training checks each "
+                  "block on the run's first read of it). With --scheduler, remote workers check unless their environment has "
                   "SPARSEPIPE_VERIFY=0.")
 
 
@@ -184,7 +184,7 @@ def no_verify_option():
 
 
 def apply_verify(no_verify: bool) -> None:
-    """Checksum every block read by this command (and by the workers it starts) unless ``--no-verify``."""
+    """Checksum the blocks this command reads (and the workers it starts) unless ``--no-verify``."""
     from pipeline.store.reader import set_verify
 
     set_verify(not no_verify)

@@ -201,25 +201,27 @@ class DataRef:
     n_features: int
     cache_bytes: int = DEFAULT_CACHE_BYTES
 
-    def load(self, b: int):
+    def load(self, b: int, verify: bool | None = None):
+        """Block ``b``'s (indptr, indices, data, y), from the block cache or decoded; ``verify``: as for
+        :meth:`pipeline.store.reader.Store.block`."""
         def read():
-            blk = _open(self.store, self.version).block(self.keys[b])
+            blk = _open(self.store, self.version).block(self.keys[b], verify=verify)
             return blk.indptr, blk.indices, blk.data, blk.y
 
         return _CACHE.get((self.store, self.version, self.keys[b]), read, self.cache_bytes)
 
-    def load_group(self, group, bufs: dict):
+    def load_group(self, group, bufs: dict, verify: bool | None = None):
         """The blocks ``group`` (indices into ``keys``) as one CSR (:func:`merge_blocks` into ``bufs``). Without
         a block cache each block is decoded straight into its place in ``bufs``: no fresh arrays, no copy."""
         if self.cache_bytes > 0:
-            return merge_blocks([self.load(int(g)) for g in group], bufs)
+            return merge_blocks([self.load(int(g), verify) for g in group], bufs)
         st = _open(self.store, self.version)
         entries = [st.entry(self.keys[int(g)]) for g in group]
         heads = decode_heads(st, bufs, sum(int(e["nnz"]) for e in entries))
         parts, at = [], 0
         for e in entries:
             n = int(e["nnz"])
-            blk = st.block(e, (None, heads[0][at:at + n], heads[1][at:at + n], None))
+            blk = st.block(e, (None, heads[0][at:at + n], heads[1][at:at + n], None), verify)
             parts.append((blk.indptr, blk.indices, blk.data, blk.y))
             at += n
         return merge_blocks(parts, bufs)
@@ -259,6 +261,9 @@ class RunSpec:
     window: int = 1  # shuffle window: rows are shuffled across this many consecutive blocks of the path order
     max_density: float | None = None  # stop when the aggregated model's density reaches this
     max_rows: int = 0  # > 0: each path advances at most this many rows in the stage (the --max-density search)
+    # blocks read in passes >= this one skip their checksum: the run verified each on its read in an earlier pass
+    # (:func:`first_pass_end`); the default verifies every read
+    verify_until: int = 1 << 62
 
 
 def advance_task(algo: Algorithm, state: dict, data: DataRef, spec: RunSpec, path: int) -> tuple:
@@ -289,7 +294,7 @@ def advance_task(algo: Algorithm, state: dict, data: DataRef, spec: RunSpec, pat
         group = order[cur[1] * W:(cur[1] + 1) * W]
         b = int(group[0])
         t1 = time.perf_counter()
-        indptr, indices, data_, y = data.load_group(group, bufs)
+        indptr, indices, data_, y = data.load_group(group, bufs, None if cur[0] < spec.verify_until else False)
         t2 = time.perf_counter()
         read = indptr  # the rows as read: the non-zeros processed count every entry, kept or not
         if keep is not None:  # the kernel's time includes this filter
@@ -344,12 +349,12 @@ def decide_task(algo, total, gstate, n_paths):
     return algo.decide(total, gstate, n_paths)
 
 
-def eval_task(store: str, version: int, key: str, w, bias: float):
+def eval_task(store: str, version: int, key: str, w, bias: float, verify: bool | None = None):
     from pipeline.evaluate import block_partial
 
     st = _open(store, version)
     heads = decode_heads(st, group_buffers("eval"), int(st.entry(key)["nnz"]))  # the partial keeps neither
-    return block_partial(st.block(key, (None, *heads, None)), w, bias)
+    return block_partial(st.block(key, (None, *heads, None), verify), w, bias)
 
 
 # ------------------------------------------------------------------------------------- executors
@@ -463,15 +468,12 @@ class TrainResult:
     timing: dict = field(default_factory=dict)
 
 
-def _evaluate(ex, data_holdout, decision, algo):
-    return _metrics(ex, data_holdout, _submit_evaluation(ex, data_holdout, decision, algo))
-
-
 EVAL_PRIORITY = -1  # holdout metrics yield to the stage's own tasks: they fill a worker's idle time instead
 
 
-def _submit_evaluation(ex, data_holdout, decision, algo):
+def _submit_evaluation(ex, data_holdout, decision, algo, verify: bool | None = None):
     """The merged holdout partial of the model ``decision`` (a future with Dask), or None without holdout.
+    ``verify=False``: the blocks are read without their checksum (a run's later evaluations: its first checked them).
 
     Block i is scored on worker i mod n with that worker's own dense weights (one ``weights`` task per worker:
     at 16.6M features the 133 MB vector would otherwise travel, or every block would queue on one worker), at
@@ -485,8 +487,8 @@ def _submit_evaluation(ex, data_holdout, decision, algo):
     wb = [ex.submit_pinned(m, algo.weights, decision, priority=EVAL_PRIORITY) for m in range(n)]
     w = [ex.first(x, 0) for x in wb]
     bias = [ex.first(x, 1) for x in wb]
-    parts = [ex.submit_pinned(i % n, eval_task, store, version, k, w[i % n], bias[i % n], priority=EVAL_PRIORITY)
-             for i, k in enumerate(keys)]
+    parts = [ex.submit_pinned(i % n, eval_task, store, version, k, w[i % n], bias[i % n], verify,
+                              priority=EVAL_PRIORITY) for i, k in enumerate(keys)]
     return tree(ex, parts, merge_partials)
 
 
@@ -527,6 +529,15 @@ def run_stages(ex, algo: Algorithm, states: list, gstate: dict, data: DataRef, s
     t_start = t_end = time.time()
     passes = _passes(ex, states)
     gref = ex.put(gstate)
+    evaluated = False
+
+    def evaluation_of(decision):
+        """:func:`_submit_evaluation` of ``decision``; the run's first checks the holdout blocks' checksums."""
+        nonlocal evaluated
+        out = _submit_evaluation(ex, holdout, decision, algo, False if evaluated else None)
+        evaluated = True
+        return out
+
     while True:
         if min(passes) >= spec.end_pass or (max_stages is not None and stage >= max_stages):
             break
@@ -539,7 +550,7 @@ def run_stages(ex, algo: Algorithm, states: list, gstate: dict, data: DataRef, s
         before = (states, gstate, gref, decision) if spec.max_density is not None else None
         states, total = advance_stage(ex, algo, states, data, spec)
         asked = _ask_passes(ex, states)  # apply keeps the cursor: asked now, read without waiting for apply
-        evaluation = _submit_evaluation(ex, holdout, pending[1], algo) if pending and pending[1] is not None else None
+        evaluation = evaluation_of(pending[1]) if pending and pending[1] is not None else None
         out = ex.submit(decide_task, algo, total, gref, M)
         del total  # the summaries are released once decided (they would stay in memory through the next stage)
         decision = ex.first(out, 0)
@@ -570,7 +581,7 @@ def run_stages(ex, algo: Algorithm, states: list, gstate: dict, data: DataRef, s
             rec = {"stage": stage, "pass": min(_passes(ex, states)), **diag, "rows_in_stage": rows_in,
                    "seconds": round(time.time() - t0, 4), "elapsed": round(time.time() - t_start, 3)}
             if holdout is not None:
-                rec["holdout"] = _evaluate(ex, holdout, decision, algo)
+                rec["holdout"] = _metrics(ex, holdout, evaluation_of(decision))
             history.insert(len(history) - 1, rec)
             if progress:
                 progress(rec)
@@ -587,7 +598,7 @@ def run_stages(ex, algo: Algorithm, states: list, gstate: dict, data: DataRef, s
             break
     if pending is not None:  # the last stage: its metrics now
         due = pending[1] is not None
-        _report(ex, pending[0], due, _submit_evaluation(ex, holdout, pending[1], algo) if due else None, holdout,
+        _report(ex, pending[0], due, evaluation_of(pending[1]) if due else None, holdout,
                 history, progress)
     return states, gstate, decision, history
 
@@ -647,6 +658,17 @@ def _run_single(algo, states, gstate, data, spec, holdout, evaluate_every):
     states, gstate, decision, history = run_stages(ex, algo, states, gstate, data, spec, holdout,
                                                    None, evaluate_every)
     return states, gstate, decision, history
+
+
+def first_pass_end(states: list) -> int:
+    """The pass index by which a run from these path states has read every training block once: the next pass
+    when every cursor is at the start of the same pass, else the one after the furthest path's (a run resumed
+    inside a pass reads the blocks before its cursors only in the next pass). Each block read before it checks its checksum, later
+    reads do not (:attr:`RunSpec.verify_until`): every block a run reads is verified once in that run."""
+    cur = [s[CURSOR] for s in states]
+    last = max(int(c[0]) for c in cur)
+    at_start = all(int(c[0]) == last and not int(c[1]) and not int(c[2]) for c in cur)
+    return last + (1 if at_start else 2)
 
 
 def _explain_killed_worker(e: Exception, client, algo, p: int, paths: int, cache_bytes: int) -> None:
@@ -712,11 +734,13 @@ def train(store_path: str, algo: Algorithm, *, passes: int, paths: int, seed: in
         states = [algo.resize(s, p) for s in init_states]
         gstate = init_gstate if init_gstate is not None else algo.init_global(p)
         start_pass = min(int(s[CURSOR][0]) for s in states)
+        verify_until = first_pass_end(states)
         if client is not None and placement != "single":
             states = client.scatter(states)
     else:
         gstate = algo.init_global(p)
         start_pass = 0
+        verify_until = 1
         if client is not None and placement != "single":
             w_ref = client.scatter(warm, broadcast=True, hash=False) if warm is not None else None
             ex0 = DaskExec(client)  # path m lives on worker m mod n from the start (see run_stages)
@@ -726,7 +750,7 @@ def train(store_path: str, algo: Algorithm, *, passes: int, paths: int, seed: in
     if shuffle_window < 1:
         raise ValueError(f"shuffle_window must be >= 1, got {shuffle_window}")
     spec = RunSpec(seed=seed, n_paths=paths, end_pass=start_pass + passes, stage_blocks=stage_blocks,
-                   max_density=max_density, window=shuffle_window)
+                   max_density=max_density, window=shuffle_window, verify_until=verify_until)
     t0 = time.time()
     if client is None:
         states, gstate, decision, history = run_stages(LocalExec(), algo, states, gstate, data, spec, holdout,

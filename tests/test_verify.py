@@ -120,6 +120,30 @@ def test_train_evaluate_predict_stability_refuse_a_corrupt_store(good, tmp_path)
     assert r.returncode == 0, r.stderr
 
 
+def test_a_resumed_run_verifies_the_blocks_again(good, tmp_path):
+    """A run checks each block on its first read only (its later passes read what it verified); a resumed run is
+    a new run: a block damaged between the two is caught by the second, with the model file left as it was."""
+    st_path = _copy(good, tmp_path)
+    model = tmp_path / "m.npz"
+    assert cli("train", st_path, "--out", model, "--passes", "1", "--algo", "sgd").returncode == 0
+    before = model.read_bytes()
+    key = open_store(st_path).entries("train")[-1]["key"]
+    _damage(st_path, key, "raw:data")
+    r = cli("train", st_path, "--out", model, "--init-model", model, "--passes", "1", "--algo", "sgd")
+    assert r.returncode == 5 and key in r.stderr and "corrupt" in r.stderr, r.stderr
+    assert model.read_bytes() == before
+
+
+@pytest.mark.parametrize("cursors, until", [([(0, 0, 0)], 1), ([(2, 0, 0), (2, 0, 0)], 3), ([(2, 0, 0), (2, 3, 0)], 4),
+                                            ([(1, 0, 5)], 3), ([(1, 0, 0), (2, 0, 0)], 4)])
+def test_a_run_verifies_until_it_has_read_every_block(cursors, until):
+    """The pass from which training reads skip the checksum: the next when every path starts a pass, else the
+    one after the furthest path's (the blocks before a cursor are read only in the next pass)."""
+    from pipeline.engine import CURSOR, first_pass_end
+
+    assert first_pass_end([{CURSOR: np.array(c, dtype=np.int64)} for c in cursors]) == until
+
+
 def test_no_verify_reads_a_block_with_a_wrong_value(good, tmp_path):
     st_path = _copy(good, tmp_path)
     key = open_store(st_path).entries("train")[0]["key"]

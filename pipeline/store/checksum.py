@@ -7,7 +7,7 @@ A process that has not started numba hashes its first :data:`PYTHON_BYTES` with 
 kernel's digests, tested; ~40 MB/s against the kernel's GB/s) instead of paying numba's start (~0.6 s:
 ``import numba`` and its first call) for them: ``evaluate`` and ``predict`` on a small store then run without
 numba. Past that budget, for a command that announces more (:func:`expect`), or once numba is imported for
-anything else, the kernel hashes; either way every block read is verified.
+anything else, the kernel hashes; either way the digests are the same.
 """
 from __future__ import annotations
 

@@ -202,11 +202,12 @@ class Store:
         gens = None if generations is None else set(generations)
         return [e["key"] for e in self.entries(split) if gens is None or int(e.get("generation", 1)) in gens]
 
-    def block(self, entry_or_key, out: tuple | None = None) -> Block:
-        """The block of a manifest entry or key; ``out``: see :attr:`Block.out`."""
+    def block(self, entry_or_key, out: tuple | None = None, verify: bool | None = None) -> Block:
+        """The block of a manifest entry or key; ``out``: see :attr:`Block.out`. ``verify=False`` reads it without
+        its checksum (training's later passes: the run checked it on its first read); None: the store's setting."""
         e = self.entry(entry_or_key) if isinstance(entry_or_key, str) else entry_or_key
         return Block(e["key"], f"{self.path}/blocks/{e['key']}", e, self.n_features, self.path,
-                     self.manifest.get("sources"), self.verify, out)
+                     self.manifest.get("sources"), self.verify if verify is None else verify, out)
 
     def expect_reads(self, entries) -> None:
         """Before reading the blocks of ``entries``: their decoded size, for the checksum's choice between its
