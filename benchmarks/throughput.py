@@ -14,7 +14,9 @@ to full scale.
    labels), dense weights over the full width, float64 and float32; the blocks are decoded into memory once
    first, so only the arithmetic and the memory traffic are timed: the physical limit of one core here (a
    third variant prefetches w ahead in the scoring sweep, as TG's kernel does since this benchmark found
-   that the plain loops leave most of the memory parallelism unused);
+   that the plain loops leave most of the memory parallelism unused); with ``--workers`` W > 1 also the float64
+   loop on W threads at once, each over every W-th block with its own w (:func:`tight_every_core`): the per-core
+   limit when every core works, as in the W-worker command (the target's ratio stays against the loop alone);
 2. our kernel alone: each algorithm of ``--algos`` with its default hyper-parameters (scale "data", resolved
    on the store), one path, through ``Algorithm.advance`` exactly as the engine calls it, on the same
    in-memory blocks, in one process, rows in block order and (second figure) in the engine's order (shuffle
@@ -121,6 +123,31 @@ def tight(blocks, nnz: int, p: int, eta: float, reps: int) -> list[dict]:
                     "runs_s": [round(t, 3) for t in times], **per_pass(nnz, s, 1), "load1": load1(),
                     "finite": bool(np.isfinite(w).all())})
     return out
+
+
+def tight_every_core(blocks, nnz: int, p: int, eta: float, reps: int, cores: int) -> dict:
+    """The float64 tight loop on ``cores`` threads at once, each with its own w over every ``cores``-th block (the
+    split the paths of ``train --workers cores`` make; the loop releases the GIL): the per-core limit when every
+    core works, as in the command it is compared with. The single-thread figure has the machine's shared cache and
+    memory bandwidth to itself; this one shows what sharing them costs (best of ``reps``)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    ws, bs = [np.zeros(p) for _ in range(cores)], [np.zeros(1) for _ in range(cores)]
+
+    def run(c):
+        for ip, ix, x, y in blocks[c::cores]:
+            logistic_sgd(ip, ix, x, y, np.arange(y.shape[0], dtype=np.int64), ws[c], bs[c], eta, 0)
+
+    times = []
+    with ThreadPoolExecutor(cores) as pool:
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            list(pool.map(run, range(cores)))
+            times.append(time.perf_counter() - t0)
+    s = min(times)
+    return {"what": f"tight loop, w float64, {cores} cores at once", "seconds": round(s, 3),
+            "runs_s": [round(t, 3) for t in times], **per_pass(nnz, s, cores), "load1": load1(),
+            "finite": bool(all(np.isfinite(w).all() for w in ws))}
 
 
 def _touched(algo, state: dict) -> dict:
@@ -305,6 +332,8 @@ def main(argv=None):
                 calibrate(algo, st)
                 eta = algo.eta
             got = tight(blocks, nnz, st.n_features, eta, a.reps)
+            if a.workers > 1:
+                got.append(tight_every_core(blocks, nnz, st.n_features, eta, a.reps, a.workers))
             rows += got
             print(got, flush=True)
         del blocks
@@ -327,6 +356,7 @@ def main(argv=None):
 
     tl, vw = by.get("tight loop, w float64"), get("vw ")
     tlp = get("tight loop, w float64, prefetch")
+    tla = get(f"tight loop, w float64, {a.workers} cores at once")
     ratios = {}
     for algo in (spec_name(*s) for s in specs):
         ours = get(f"sparsepipe train --algo {algo} --workers")
@@ -335,10 +365,12 @@ def main(argv=None):
             ours = None  # a cold run: the difference leaves a pass out (see command_runs)
         ratios[f"{algo} vs vw per core (target >= 3)"] = ratio(ours, vw)
         ratios[f"{algo} vs tight loop f64 per core (target >= 0.6)"] = ratio(ours, tl)
+        ratios[f"{algo} vs tight loop f64 on every core at once, per core"] = ratio(ours, tla)
         if row and row.get("stage_s_passes_2_3"):  # the same from the command's own pass 2/3 timings
             staged = per_pass(nnz, row["stage_s_passes_2_3"], a.workers)["nnz_per_s_per_core"]
             ratios[f"{algo} (passes 2-3 as timed by the command) vs vw per core"] = ratio(staged, vw)
             ratios[f"{algo} (passes 2-3 as timed by the command) vs tight loop f64 per core"] = ratio(staged, tl)
+            ratios[f"{algo} (passes 2-3 as timed by the command) vs tight loop f64 on every core"] = ratio(staged, tla)
         if row and row.get("stage_s_pass_1"):  # the first pass: STSGD's purges make the later passes cheaper
             first = per_pass(nnz, row["stage_s_pass_1"], a.workers)["nnz_per_s_per_core"]
             ratios[f"{algo} (pass 1 as timed by the command) vs vw per core"] = ratio(first, vw)
@@ -350,6 +382,7 @@ def main(argv=None):
             get(f"{algo} kernel alone, block order"), tlp)
     ratios["tight loop f32 vs f64"] = ratio(get("tight loop, w float32"), tl)
     ratios["tight loop f64 with prefetch vs without"] = ratio(tlp, tl)
+    ratios["tight loop f64 on every core at once vs alone, per core"] = ratio(tla, tl)
     for r in rows:
         if r["nnz_per_s_per_core"]:
             r["M_nnz_per_s_per_core"] = round(r["nnz_per_s_per_core"] / 1e6, 2)
