@@ -175,8 +175,8 @@ def run_reporting(bar: Progress, fn):
 
 NO_VERIFY_HELP = ("Read blocks without checking them against the manifest checksums (a corrupt block then feeds "
                   "wrong numbers; the check is one XXH64 pass over a block's decoded arrays; training checks each "
-                  "block on the run's first read of it). With --scheduler, remote workers check unless their environment has "
-                  "SPARSEPIPE_VERIFY=0.")
+                  "block on the run's first read of it). With --scheduler, remote workers check unless their "
+                  "environment has SPARSEPIPE_VERIFY=0.")
 
 
 def no_verify_option():

@@ -663,8 +663,8 @@ def _run_single(algo, states, gstate, data, spec, holdout, evaluate_every):
 def first_pass_end(states: list) -> int:
     """The pass index by which a run from these path states has read every training block once: the next pass
     when every cursor is at the start of the same pass, else the one after the furthest path's (a run resumed
-    inside a pass reads the blocks before its cursors only in the next pass). Each block read before it checks its checksum, later
-    reads do not (:attr:`RunSpec.verify_until`): every block a run reads is verified once in that run."""
+    inside a pass reads the blocks before its cursors only in the next pass). Reads before it check the blocks'
+    checksums, later ones do not (:attr:`RunSpec.verify_until`): a run verifies every block it reads once."""
     cur = [s[CURSOR] for s in states]
     last = max(int(c[0]) for c in cur)
     at_start = all(int(c[0]) == last and not int(c[1]) and not int(c[2]) for c in cur)
