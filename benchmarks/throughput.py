@@ -102,6 +102,25 @@ def load1() -> float:
     return round(os.getloadavg()[0], 2)
 
 
+def _sweep(blocks, w, b, eta: float, ahead: int = 0) -> None:
+    """:func:`logistic_sgd` over every row of ``blocks`` in block order, into ``w`` and ``b``."""
+    for ip, ix, x, y in blocks:
+        logistic_sgd(ip, ix, x, y, np.arange(y.shape[0], dtype=np.int64), w, b, eta, ahead)
+
+
+def _loop_row(what: str, run, reps: int, nnz: int, cores: int, ws: list) -> dict:
+    """``run()`` timed ``reps`` times (the best counts) as a row of the table: a pass over ``nnz`` entries on
+    ``cores`` cores, whose weights ``ws`` must stay finite."""
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - t0)
+    s = min(times)
+    return {"what": what, "seconds": round(s, 3), "runs_s": [round(t, 3) for t in times],
+            **per_pass(nnz, s, cores), "load1": load1(), "finite": bool(all(np.isfinite(w).all() for w in ws))}
+
+
 def tight(blocks, nnz: int, p: int, eta: float, reps: int) -> list[dict]:
     """The tight loop over every training row in block order: float64 and float32 weights, and float64 with the
     prefetch TG's kernel uses (best of ``reps``)."""
@@ -111,17 +130,8 @@ def tight(blocks, nnz: int, p: int, eta: float, reps: int) -> list[dict]:
         w = np.zeros(p, dt)  # every page touched before timing
         b = np.zeros(1)
         logistic_sgd(small, blocks[0][1], blocks[0][2], blocks[0][3], np.arange(2, dtype=np.int64), w, b, eta, ahead)
-        times = []
-        for _ in range(reps):
-            t0 = time.perf_counter()
-            for ip, ix, x, y in blocks:
-                logistic_sgd(ip, ix, x, y, np.arange(y.shape[0], dtype=np.int64), w, b, eta, ahead)
-            times.append(time.perf_counter() - t0)
-        s = min(times)
-        out.append({"what": f"tight loop, w {np.dtype(dt).name}" + (f", prefetch {ahead} ahead" if ahead else ""),
-                    "seconds": round(s, 3),
-                    "runs_s": [round(t, 3) for t in times], **per_pass(nnz, s, 1), "load1": load1(),
-                    "finite": bool(np.isfinite(w).all())})
+        what = f"tight loop, w {np.dtype(dt).name}" + (f", prefetch {ahead} ahead" if ahead else "")
+        out.append(_loop_row(what, lambda: _sweep(blocks, w, b, eta, ahead), reps, nnz, 1, [w]))
     return out
 
 
@@ -133,21 +143,10 @@ def tight_every_core(blocks, nnz: int, p: int, eta: float, reps: int, cores: int
     from concurrent.futures import ThreadPoolExecutor
 
     ws, bs = [np.zeros(p) for _ in range(cores)], [np.zeros(1) for _ in range(cores)]
-
-    def run(c):
-        for ip, ix, x, y in blocks[c::cores]:
-            logistic_sgd(ip, ix, x, y, np.arange(y.shape[0], dtype=np.int64), ws[c], bs[c], eta, 0)
-
-    times = []
     with ThreadPoolExecutor(cores) as pool:
-        for _ in range(reps):
-            t0 = time.perf_counter()
-            list(pool.map(run, range(cores)))
-            times.append(time.perf_counter() - t0)
-    s = min(times)
-    return {"what": f"tight loop, w float64, {cores} cores at once", "seconds": round(s, 3),
-            "runs_s": [round(t, 3) for t in times], **per_pass(nnz, s, cores), "load1": load1(),
-            "finite": bool(all(np.isfinite(w).all() for w in ws))}
+        return _loop_row(f"tight loop, w float64, {cores} cores at once",
+                         lambda: list(pool.map(lambda c: _sweep(blocks[c::cores], ws[c], bs[c], eta), range(cores))),
+                         reps, nnz, cores, ws)
 
 
 def _touched(algo, state: dict) -> dict:

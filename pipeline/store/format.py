@@ -173,12 +173,17 @@ def raw_map(group_path: str, name: str, layout: tuple | None = None) -> np.ndarr
     return np.memmap(os.path.join(group_path, name, "c", "0"), dtype=got[0], mode="r", shape=(got[1],))
 
 
+def _head(out: np.ndarray | None, dtype: np.dtype, n: int) -> np.ndarray:
+    """The first ``n`` elements of ``out`` when it is a contiguous 1-D array of ``dtype`` with room for them (a reader
+    decodes into reused memory), else a new array."""
+    fits = out is not None and out.dtype == dtype and out.ndim == 1 and out.shape[0] >= n and out.flags.c_contiguous
+    return out[:n] if fits else np.empty(n, dtype=dtype)
+
+
 def read_raw(group_path: str, name: str, dtype: np.dtype, a: int, b: int, out: np.ndarray | None = None) -> np.ndarray:
     """Elements [a, b) of the raw one-chunk array ``group_path/name`` of ``dtype`` (see :func:`raw_layout`), read into
     the head of ``out`` when it is a contiguous array of that dtype with room for them, else into a new array."""
-    n = max(0, b - a)
-    fits = out is not None and out.dtype == dtype and out.ndim == 1 and out.shape[0] >= n and out.flags.c_contiguous
-    out = out[:n] if fits else np.empty(n, dtype=dtype)
+    out = _head(out, dtype, max(0, b - a))
     path = os.path.join(group_path, name, "c", "0")
     buf, got = memoryview(out.view(np.uint8)), 0
     with open(path, "rb", buffering=0) as f:
@@ -197,9 +202,7 @@ def _read_one_chunk(path: str, out: np.ndarray | None = None) -> np.ndarray | No
     if got is None:
         return None
     meta, compressed, dtype, shape = got
-    fits = (out is not None and out.dtype == dtype and out.ndim == 1 and out.shape[0] >= shape[0]
-            and out.flags.c_contiguous)
-    out = out[:shape[0]] if fits else np.empty(shape[0], dtype=dtype)
+    out = _head(out, dtype, shape[0])
     try:
         with open(os.path.join(path, "c", "0"), "rb") as f:
             if compressed:
