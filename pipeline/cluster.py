@@ -158,6 +158,15 @@ NO_PAUSE = {"distributed": {"worker": {"memory": {"pause": False}}}}
 QUIET = {"distributed.worker.profile.enabled": False, "distributed.worker.memory.monitor-interval": "250ms",
          "distributed.admin.tick.interval": "1s", "distributed.admin.system-monitor.interval": "5s"}
 PAUSE_WARN_SECONDS = 30.0
+# Dask's work stealing moves a queued task to an idle worker when its inputs are cheap to send. The engine pins each
+# path's tasks and the holdout's to a worker on purpose (``DaskExec.submit_pinned``, loosely, so a lost worker's
+# tasks move on), and the cheapest tasks to move are those whose output is large: a ``weights`` task gets the
+# sparse decision and makes the dense 133 MB vector at webspam width. With 12 workers on the 350k-row store the
+# idle workers at the run's end stole the other workers' weights tasks and their scoring: one worker held several
+# dense vectors and peaked at 1.47 GB RSS against 1.03 GB for the rest; without stealing every worker peaked at
+# 0.98-1.03 GB in the same wall time. The refit's pinned block tasks were stolen too (the thief then built and
+# spilled those blocks a second time). A ``--scheduler`` cluster keeps its own setting.
+NO_STEALING = {"distributed.scheduler.work-stealing": False}
 
 
 @contextlib.contextmanager
@@ -170,13 +179,14 @@ def local_cluster(workers: int, memory_limit, silence_logs: int = logging.ERROR,
     worker past the limit is restarted by its nanny (95%), and one that keeps dying stops the run with the
     engine's WorkerMemoryError; Dask's spilling of stored results (60–70%) stays on. Dask's periodic background
     work is thinned out (:data:`QUIET`) in the workers and in this process (scheduler, nannies); ``quiet=False``
-    keeps Dask's defaults (benchmarks/background.py compares the two)."""
+    keeps Dask's defaults (benchmarks/background.py compares the two). Its scheduler does not steal work
+    (:data:`NO_STEALING`): tasks stay on the worker the engine pins them to."""
     import dask
     from distributed import LocalCluster
 
     # the nannies' own configuration, which they give every worker they start or restart (a dask.config.set
     # around the cluster's start alone would reach the first workers only: a nanny's copy shares the nested dicts)
-    with dask.config.set(QUIET if quiet else {}):  # and the scheduler's and nannies' here
+    with dask.config.set({**(QUIET if quiet else {}), **NO_STEALING}):  # and the scheduler's and nannies' here
         config = dask.config.update(copy.deepcopy(dask.config.config), NO_PAUSE)
         with LocalCluster(n_workers=workers, threads_per_worker=1, processes=True, host="127.0.0.1",
                           dashboard_address="127.0.0.1:0", silence_logs=silence_logs, memory_limit=memory_limit,

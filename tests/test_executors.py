@@ -86,6 +86,32 @@ def test_thread_executor_reports_a_bad_line_and_commits_nothing(tmp_path):
     assert not list(tmp_path.glob("s.zarr*"))
 
 
+def _here_after(seconds: float) -> str:
+    from distributed import get_worker
+
+    time.sleep(seconds)
+    return get_worker().address
+
+
+def test_embedded_cluster_keeps_pinned_tasks_on_their_worker():
+    """Tasks the engine pins to a busy worker wait for it instead of being stolen by an idle one (Dask's work
+    stealing is off in the embedded cluster): a stolen ``weights`` task takes its 133 MB dense vector to the
+    thief at webspam width. With stealing on, the idle worker takes most of these tasks."""
+    from distributed import Client
+
+    from pipeline.cluster import local_cluster
+    from pipeline.engine import DaskExec
+
+    with local_cluster(2, "1GB") as cluster, Client(cluster) as c:
+        ex = DaskExec(c)
+        first = ex.workers()[0]
+        busy = c.submit(_here_after, 3.0, workers=[first], pure=False)
+        time.sleep(0.5)  # it runs
+        pinned = [ex.submit_pinned(0, _here_after, 0.05) for _ in range(8)]
+        assert c.gather(pinned) == [first] * 8
+        assert busy.result() == first
+
+
 def test_worker_sigkilled_during_a_stage_gives_the_same_model(tmp_path):
     """A real SIGKILL of a real worker process of a real LocalCluster while training runs: Dask recomputes
     the lost (pure) tasks and the model equals an uninterrupted run's, bit for bit."""
