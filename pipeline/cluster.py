@@ -194,6 +194,30 @@ def local_cluster(workers: int, memory_limit, silence_logs: int = logging.ERROR,
             yield cluster
 
 
+STEALING_NOTE_BYTES = 32 << 20  # dense float64 weights from this size (4.2M features) make stealing cost memory
+
+
+def stealing_note(client, n_features: int) -> str | None:
+    """The note a run prints on a Dask cluster whose scheduler steals work, with two or more workers, at a width
+    whose dense weight vector (the holdout scoring's per-worker copy) is :data:`STEALING_NOTE_BYTES` or more; else
+    None (threads, the embedded cluster, narrow stores). See :data:`NO_STEALING`."""
+    if getattr(client, "run_on_scheduler", None) is None or 8 * n_features < STEALING_NOTE_BYTES:
+        return None
+    try:
+        if len(client.scheduler_info()["workers"]) < 2 or not client.run_on_scheduler(_steals):
+            return None
+    except Exception:  # noqa: BLE001  (a scheduler that refuses run_on_scheduler: no note, the run goes on)
+        return None
+    return (f"sparsepipe: note: the Dask scheduler steals work (distributed.scheduler.work-stealing); sparsepipe pins "
+            f"each worker's tasks, and a stolen one can put several dense copies of the weights "
+            f"({8 * n_features / 1e6:.0f} MB each at {n_features:,} features) on one worker: set it to false in that "
+            f"scheduler's configuration")
+
+
+def _steals(dask_scheduler=None) -> bool:
+    return "stealing" in dask_scheduler.extensions
+
+
 @contextlib.contextmanager
 def pause_watch(client, after: float = PAUSE_WARN_SECONDS, every: float = 5.0):
     """While the body runs, warn on stderr (once per worker) about a worker of a ``--scheduler`` cluster that has

@@ -720,10 +720,15 @@ def train(store_path: str, algo: Algorithm, *, passes: int, paths: int, seed: in
     dtype = st.data_dtype
     cache_bytes = cache_budget(train_entries, paths, algo.path_mode, dtype, int(cache_bytes))
     if client is not None:  # refuse what the workers' memory_limit cannot hold; a cache only where it fits
+        import sys
+
+        from pipeline.cluster import stealing_note
         from pipeline.memory import check_fits
 
         cached = min(cache_bytes, path_share(train_entries, paths, algo.path_mode, dtype))
         cache_bytes = cache_bytes if check_fits(client, algo, p, paths, cached) else 0
+        if note := stealing_note(client, p):
+            print(note, file=sys.stderr, flush=True)
     data = DataRef(st.path, version, tuple(e["key"] for e in train_entries),
                    tuple(e["rows"] for e in train_entries), p, cache_bytes)
     holdout = (st.path, version, tuple(e["key"] for e in st.entries("holdout", blocks)),

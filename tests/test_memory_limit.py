@@ -223,3 +223,28 @@ def test_the_check_leaves_the_nannys_restart_margin():
     assert f"memory_limit is {int(need / 0.97) / 1e9:.2f} GB (restarted past" in str(e.value)
     with dask.config.set({"distributed.worker.memory.terminate": False}):
         assert usable(1_000_000_000) == 1_000_000_000
+
+
+def test_a_users_cluster_that_steals_work_gets_a_note(tmp_path, capsys):
+    """On a cluster whose scheduler steals work (Dask's default; a ``--scheduler`` cluster keeps its own), training
+    a store whose dense weights are 32 MB or more says once, on stderr, that stealing can put several copies of them
+    on one worker and which setting turns it off; on a narrower store it says nothing, and neither does the
+    embedded cluster (it does not steal)."""
+    import dask
+    from distributed import Client, LocalCluster
+
+    from pipeline.cluster import dask_client
+
+    wide, narrow = _store(tmp_path, "wide", 4_300_000), _store(tmp_path, "narrow", 1000)
+    with dask.config.set({"distributed.scheduler.work-stealing": True}), \
+            LocalCluster(n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1",
+                         dashboard_address=None) as cluster, dask_client(scheduler=cluster.scheduler_address) as c:
+        fit(wide, "tg", passes=1, paths=2, client=c)
+        err = capsys.readouterr().err
+        assert err.count("steals work") == 1
+        assert "34 MB each at 4,300,000 features" in err and "work-stealing" in err and "false" in err
+        fit(narrow, "tg", passes=1, paths=2, client=c)
+        assert "steals work" not in capsys.readouterr().err
+    with dask_client(workers=2) as c:
+        fit(wide, "tg", passes=1, paths=2, client=c)
+        assert "steals work" not in capsys.readouterr().err
