@@ -164,8 +164,9 @@ PAUSE_WARN_SECONDS = 30.0
 # sparse decision and makes the dense 133 MB vector at webspam width. With 12 workers on the 350k-row store the
 # idle workers at the run's end stole the other workers' weights tasks and their scoring: one worker held several
 # dense vectors and peaked at 1.47 GB RSS against 1.03 GB for the rest; without stealing every worker peaked at
-# 0.98-1.03 GB in the same wall time. The refit's pinned block tasks were stolen too (the thief then built and
-# spilled those blocks a second time). A ``--scheduler`` cluster keeps its own setting.
+# 0.97-1.04 GB in the same wall time. The refit's pinned block tasks, seen now and then on the other worker (which
+# then built and spilled those blocks a second time), were the same stealing. A ``--scheduler`` cluster keeps its
+# own setting (:func:`stealing_note`).
 NO_STEALING = {"distributed.scheduler.work-stealing": False}
 
 

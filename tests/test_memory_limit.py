@@ -231,7 +231,7 @@ def test_a_users_cluster_that_steals_work_gets_a_note(tmp_path, capsys):
     on one worker and which setting turns it off; on a narrower store it says nothing, and neither does the
     embedded cluster (it does not steal)."""
     import dask
-    from distributed import Client, LocalCluster
+    from distributed import LocalCluster
 
     from pipeline.cluster import dask_client
 
