@@ -660,6 +660,22 @@ def _run_single(algo, states, gstate, data, spec, holdout, evaluate_every):
     return states, gstate, decision, history
 
 
+def gather_states(client, states: list, shared: tuple) -> list:
+    """The paths' settled states, fetched from the workers with the ``shared`` keys (identical on every path after
+    ``apply``: :attr:`Algorithm.shared_keys`) taken from path 0 only. Gathering every path's copy cost the client
+    M copies of TG's and FTRL's dense vectors: 8.2 GB with 16 paths at 16.6M features, for a model file that saves
+    them once."""
+    if not shared or len(states) < 2:
+        return client.gather(states)
+    rest = [client.submit(_without, s, tuple(shared), pure=False) for s in states[1:]]  # where each state is
+    first, *others = client.gather([states[0], *rest])
+    return [first] + [{k: first[k] if k in shared else o[k] for k in first} for o in others]
+
+
+def _without(state: dict, keys: tuple) -> dict:
+    return {k: v for k, v in state.items() if k not in keys}
+
+
 def first_pass_end(states: list) -> int:
     """The pass index by which a run from these path states has read every training block once: the next pass
     when every cursor is at the start of the same pass, else the one after the furthest path's (a run resumed
@@ -771,7 +787,7 @@ def train(store_path: str, algo: Algorithm, *, passes: int, paths: int, seed: in
         try:
             states, gstate, decision, history = run_stages(ex, algo, states, gstate, data, spec, holdout,
                                                            progress, evaluate_every)
-            states = client.gather(states)
+            states = gather_states(client, states, algo.shared_keys)
         except Exception as e:
             _explain_killed_worker(e, client, algo, p, paths, cache_bytes)
             raise

@@ -42,13 +42,23 @@ def test_default_executor_is_threads_in_this_process():
         assert c.submit(sum, [c.submit(lambda: 2), 3]).result() == 5
 
 
-@pytest.mark.parametrize("algo,opts,paths", [("tg", TG, 2), ("stsgd", {}, 3)])
+def same_states(a, b):
+    """Every path's training state (what a resume starts from), array by array, bit for bit."""
+    return (len(a.states) == len(b.states) and all(
+        sa.keys() == sb.keys() and all(np.array_equal(sa[k], sb[k]) for k in sa) for sa, sb in zip(a.states, b.states))
+        and a.gstate.keys() == b.gstate.keys() and all(np.array_equal(a.gstate[k], b.gstate[k]) for k in a.gstate))
+
+
+@pytest.mark.parametrize("algo,opts,paths", [("tg", TG, 2), ("stsgd", {}, 3), ("ftrl", {}, 3)])
 def test_threads_and_local_cluster_train_bit_identical_models(store, client, algo, opts, paths):
+    """The same model and the same path states (a cluster's shared keys are fetched from one path only,
+    ``gather_states``) whatever the executor."""
     ref = fit(store, algo, opts, passes=3, paths=paths, seed=5, client=client)
     with ThreadClient(2) as tc:
         threads = fit(store, algo, opts, passes=3, paths=paths, seed=5, client=tc)
     inproc = fit(store, algo, opts, passes=3, paths=paths, seed=5, client=None)
     assert ref.nnz > 0 and same_model(ref, threads) and same_model(ref, inproc)
+    assert same_states(ref, threads) and same_states(ref, inproc)
 
 
 def _store_content(path: str) -> dict:
