@@ -169,7 +169,7 @@ def _load_model(path: str, state: bool = True) -> Model:
             for m in range(n_paths):
                 pre = f"state/path{m}/"
                 s = {k[len(pre):]: z[k] for k in z.files if k.startswith(pre)}
-                s.update({k: v.copy() for k, v in shared.items()})
+                s.update(shared)  # one array for every path: a task copies what it changes (copy_state)
                 states.append(s)
         gstate = {k.split("/", 2)[2]: z[k] for k in z.files if state and k.startswith("state/global/")}
         n_features = int(meta.pop("n_features"))
