@@ -205,7 +205,7 @@ def stealing_note(client, n_features: int) -> str | None:
     if getattr(client, "run_on_scheduler", None) is None or 8 * n_features < STEALING_NOTE_BYTES:
         return None
     try:
-        if len(client.scheduler_info()["workers"]) < 2 or not client.run_on_scheduler(_steals):
+        if slots(client) < 2 or not client.run_on_scheduler(_steals):
             return None
     except Exception:  # noqa: BLE001  (a scheduler that refuses run_on_scheduler: no note, the run goes on)
         return None

@@ -21,6 +21,7 @@ order and give identical models.
 """
 from __future__ import annotations
 
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -667,7 +668,7 @@ def gather_states(client, states: list, shared: tuple) -> list:
     them once."""
     if not shared or len(states) < 2:
         return client.gather(states)
-    rest = [client.submit(_without, s, tuple(shared), pure=False) for s in states[1:]]  # where each state is
+    rest = [client.submit(_without, s, shared, pure=False) for s in states[1:]]  # run where each state is
     first, *others = client.gather([states[0], *rest])
     return [first] + [{k: first[k] if k in shared else o[k] for k in first} for o in others]
 
@@ -736,8 +737,6 @@ def train(store_path: str, algo: Algorithm, *, passes: int, paths: int, seed: in
     dtype = st.data_dtype
     cache_bytes = cache_budget(train_entries, paths, algo.path_mode, dtype, int(cache_bytes))
     if client is not None:  # refuse what the workers' memory_limit cannot hold; a cache only where it fits
-        import sys
-
         from pipeline.cluster import stealing_note
         from pipeline.memory import check_fits
 
