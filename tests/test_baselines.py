@@ -174,6 +174,21 @@ def test_scd_cached_margins_equal_Xw_after_a_run(store):
     assert np.all(np.diff(objs) <= 0) and m.nnz > 0
 
 
+def test_scd_collects_every_block_when_the_pass_has_several_block_groups(tmp_path_factory, client):
+    """The engine hands a pass's blocks in groups (the shuffle window) decoded into arrays it reuses: SCD must keep
+    copies. With views, every collected block held the last group's entries (a9a-sized stores: z off by 1.2-1.5)."""
+    from tests.conftest import ingest_shared
+
+    many = ingest_shared(tmp_path_factory, client, "dexter/dexter_train.svm", "scd_groups", block_mb=0.01,
+                         holdout=0.2)
+    assert len(open_store(many).entries("train")) > 8  # more than two groups of the default window (4 blocks)
+    m = fit(many, "scd", {"lam": 1e-4}, passes=2, paths=1, client=None)
+    X, _ = train_matrix(many)
+    z = m.states[0]["z"]
+    assert z.shape == (X.shape[0],)
+    assert np.max(np.abs(np.sort(z) - np.sort(X @ m.dense_weights()))) < 1e-9
+
+
 def test_scd_column_curvature_beats_the_paper_step_on_raw_counts(store):
     """dexter holds raw counts (|x_ij| up to hundreds): with the paper's β = 1/4 SCD barely moves; the per-column
     bound reaches a lower objective in the same scans and still never increases it."""

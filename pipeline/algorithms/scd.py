@@ -151,7 +151,9 @@ class SCD(Algorithm):
     def advance(self, state, indptr, indices, data, y, rows, start, pass_index):
         k = int(state["istate"][1])
         for name, a in (("indptr", indptr), ("indices", indices), ("data", data), ("y", y)):
-            state[f"_blk{k}_{name}"] = np.asarray(a)
+            # a copy: the engine hands each block group in arrays it reuses for the next group
+            # (:func:`pipeline.engine.group_buffers`); views of them would all end up holding the last group
+            state[f"_blk{k}_{name}"] = np.array(a)
         state["istate"][1] = k + 1
         return rows.shape[0] - start, False
 
