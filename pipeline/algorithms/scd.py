@@ -1,15 +1,15 @@
 """SCD: stochastic coordinate descent for (1/m)Σℓ(w·x_i, y_i) + λ‖w‖₁ (ALGORITHMS.md §5, (E-7)–(E-9)).
 
-Column access, out of core — how it is provided: the engine streams *row* blocks, so every pass (= one
-stage, one path, ``path_mode = "split"``) ``advance`` only collects the training blocks it is handed into
-private ``_blk*`` keys of the path's private copy. In ``end_stage`` (same task, once the whole training set
-has been seen) the rows are stacked, put in a canonical order (sorted by a content hash, so the row order does not
-depend on the pass's block order or the engine's grouping) and converted to an in-memory CSC copy (cached per
-process, keyed by the hashes), ``scan`` × d coordinate steps run on it, and the collected blocks are dropped
-from the state (they never travel or get saved). So SCD needs the *training set* to fit in memory as CSC
-(one copy of the non-zeros): it is meant for the real sets of the study, not for webspam-scale stores. An
-out-of-memory variant would write a transposed column-block store once and stream column blocks (an engine
-"column pass" would be the engine change).
+Column access, out of core — how it is provided: the engine streams *row* blocks, so every pass (= one stage, one
+path, ``path_mode = "split"``) ``advance`` only collects copies of the training blocks it is handed into private
+``_blk*`` keys of the path's private copy (copies: the engine reuses a group's arrays for the next). In
+``end_stage`` (same task, once the whole training set has been seen) the rows are stacked, put in a canonical order
+(sorted by a content hash, so the row order does not depend on the pass's block order or the engine's grouping) and
+converted to an in-memory CSC copy (cached per process, keyed by the hashes), ``scan`` × d coordinate steps run on
+it, and the collected blocks are dropped from the state (they never travel or get saved). So SCD needs the *training
+set* to fit in memory twice (the collected rows and their CSC copy, until ``end_stage`` drops the rows): it is meant
+for the real sets of the study, not for webspam-scale stores. An out-of-memory variant would write a transposed
+column-block store once and stream column blocks (an engine "column pass" would be the engine change).
 
 State (all saved, so resume is exact): ``w``, the cached margins ``z = Xw`` (canonical row order), the scan
 counter (the coordinate draws of scan k come from ``default_rng([seed, k])``). No bias (as in the paper).
