@@ -12,6 +12,7 @@ from pipeline.kernels.losses import LOGISTIC
 from pipeline.model import load_model
 from pipeline.store.reader import open_store
 from pipeline.train import fit
+from tests.conftest import ingest_shared
 from tests.test_nssl import random_csr, store  # noqa: F401  (shared dexter store fixture)
 
 RUNS = {
@@ -176,9 +177,7 @@ def test_scd_cached_margins_equal_Xw_after_a_run(store):
 
 def test_scd_collects_every_block_when_the_pass_has_several_block_groups(tmp_path_factory, client):
     """The engine hands a pass's blocks in groups (the shuffle window) decoded into arrays it reuses: SCD must keep
-    copies. With views, every collected block held the last group's entries (a9a-sized stores: z off by 1.2-1.5)."""
-    from tests.conftest import ingest_shared
-
+    copies. With views, every collected block held the last group's entries (on this store z was off by 9.1)."""
     many = ingest_shared(tmp_path_factory, client, "dexter/dexter_train.svm", "scd_groups", block_mb=0.01,
                          holdout=0.2)
     assert len(open_store(many).entries("train")) > 8  # more than two groups of the default window (4 blocks)
