@@ -223,7 +223,10 @@ class Algorithm:
         return None
 
     def advance(self, state: dict, indptr, indices, data, y, rows, start: int, pass_index: int):
-        """Advance ``state`` in place over ``rows[start:]`` of one block; return (rows consumed, stage done)."""
+        """Advance ``state`` in place over ``rows[start:]`` of one block; return (rows consumed, stage done).
+
+        The block's arrays are valid during this call only: the engine decodes the next block group into the same
+        memory (:func:`pipeline.engine.group_buffers`), so an algorithm that keeps rows past the call copies them."""
         raise NotImplementedError
 
     # --- stage end ----------------------------------------------------------------------------

@@ -2,7 +2,7 @@
 
 Column access, out of core — how it is provided: the engine streams *row* blocks, so every pass (= one stage, one
 path, ``path_mode = "split"``) ``advance`` only collects copies of the training blocks it is handed into private
-``_blk*`` keys of the path's private copy (copies: the engine reuses a group's arrays for the next). In
+``_blk*`` keys of the path's private copy (copies: :meth:`Algorithm.advance`). In
 ``end_stage`` (same task, once the whole training set has been seen) the rows are stacked, put in a canonical order
 (sorted by a content hash, so the row order does not depend on the pass's block order or the engine's grouping) and
 converted to an in-memory CSC copy (cached per process, keyed by the hashes), ``scan`` × d coordinate steps run on
@@ -151,8 +151,7 @@ class SCD(Algorithm):
     def advance(self, state, indptr, indices, data, y, rows, start, pass_index):
         k = int(state["istate"][1])
         for name, a in (("indptr", indptr), ("indices", indices), ("data", data), ("y", y)):
-            # a copy: the engine hands each block group in arrays it reuses for the next group
-            # (:func:`pipeline.engine.group_buffers`); views of them would all end up holding the last group
+            # copies: the arrays are valid during this call only (:meth:`Algorithm.advance`)
             state[f"_blk{k}_{name}"] = np.array(a)
         state["istate"][1] = k + 1
         return rows.shape[0] - start, False
