@@ -13,17 +13,6 @@ registry_app = typer.Typer(no_args_is_help=True, help="Model registry: versions,
 app.add_typer(registry_app, name="registry")
 
 
-def _train_keys(algo: str) -> set:
-    """The keys `train --config` accepts: its run keys and the algorithm's hyper-parameters."""
-    try:
-        from cli.train_options import RUN_KEYS  # shared definition, when it exists
-    except ImportError:
-        from cli.model_cmds import RUN_KEYS
-    from pipeline.retrain import hyper_names
-
-    return set(RUN_KEYS) | hyper_names(algo)
-
-
 def _parse_value(v: str):
     import tomllib
 
@@ -35,24 +24,24 @@ def _parse_value(v: str):
 
 @app.command(context_settings={"help_option_names": ["--help", "-h"]})
 def retrain(
-    config: Optional[Path] = typer.Option(None, "--config", "-c", help="JOB.toml: store, registry, [train], [gate], "
-                                                                       "[window], [retention], [validation], [ingest]."),
+    config: Optional[Path] = typer.Option(None, "--config", "-c", help="JOB.toml: store, registry, \\[train], \\[gate], "
+                                                                       "\\[window], \\[retention], \\[validation], \\[ingest]."),
     new: Optional[List[str]] = typer.Option(None, "--new", help="New input file or URL for tonight (repeatable)."),
     store: Optional[str] = typer.Option(None, help="Store (JOB.toml: store)."),
     registry: Optional[str] = typer.Option(None, help="Registry directory (JOB.toml: registry)."),
-    algo: Optional[str] = typer.Option(None, help="[train] algo."),
-    passes: Optional[int] = typer.Option(None, min=1, help="[train] passes per night."),
-    workers: Optional[int] = typer.Option(None, min=0, help="[train] workers (0: train in this process)."),
-    scheduler: Optional[str] = typer.Option(None, help="[train] scheduler: join an existing Dask cluster."),
-    paths: Optional[int] = typer.Option(None, min=1, help="[train] paths."),
-    seed: Optional[int] = typer.Option(None, help="[train] seed."),
-    metric: Optional[str] = typer.Option(None, help="[gate] metric: error | auc | logloss | rmse."),
-    max_change: Optional[float] = typer.Option(None, help="[gate] max_change (absolute, worse direction)."),
-    max_density: Optional[float] = typer.Option(None, min=0.0, max=1.0, help="[gate] max_density."),
-    min_auc: Optional[float] = typer.Option(None, help="[gate] min_auc."),
-    max_error: Optional[float] = typer.Option(None, help="[gate] max_error."),
-    generations: Optional[int] = typer.Option(None, min=0, help="[window] generations: train on the last N (0: all)."),
-    keep: Optional[int] = typer.Option(None, min=1, help="[retention] keep: model versions kept."),
+    algo: Optional[str] = typer.Option(None, help="\\[train] algo."),
+    passes: Optional[int] = typer.Option(None, min=1, help="\\[train] passes per night."),
+    workers: Optional[int] = typer.Option(None, min=0, help="\\[train] workers (0: train in this process)."),
+    scheduler: Optional[str] = typer.Option(None, help="\\[train] scheduler: join an existing Dask cluster."),
+    paths: Optional[int] = typer.Option(None, min=1, help="\\[train] paths."),
+    seed: Optional[int] = typer.Option(None, help="\\[train] seed."),
+    metric: Optional[str] = typer.Option(None, help="\\[gate] metric: error | auc | logloss | rmse."),
+    max_change: Optional[float] = typer.Option(None, help="\\[gate] max_change (absolute, worse direction)."),
+    max_density: Optional[float] = typer.Option(None, min=0.0, max=1.0, help="\\[gate] max_density."),
+    min_auc: Optional[float] = typer.Option(None, help="\\[gate] min_auc."),
+    max_error: Optional[float] = typer.Option(None, help="\\[gate] max_error."),
+    generations: Optional[int] = typer.Option(None, min=0, help="\\[window] generations: train on the last N (0: all)."),
+    keep: Optional[int] = typer.Option(None, min=1, help="\\[retention] keep: model versions kept."),
     settings: Optional[List[str]] = typer.Option(None, "--set", help="Any JOB.toml key as SECTION.KEY=VALUE "
                                                                       "(e.g. train.eta=0.5, validation.max_unseen_share=0.8)."),
     force: bool = typer.Option(False, "--force", help="Train on a new generation that validation refuses (recorded)."),
@@ -83,7 +72,7 @@ def retrain(
         else:
             ov.setdefault(sec, {})[name.strip().replace("-", "_")] = _parse_value(val)
     try:
-        cfg = load_job(config, ov, train_keys=_train_keys)
+        cfg = load_job(config, ov)
     except ValueError as e:
         fail(str(e), 2)
     tty = sys.stderr.isatty() and not as_json

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import functools
 import inspect
-import math
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,13 +29,8 @@ import typer
 from cli.app import apply_verify, fail
 from pipeline.algorithms import ALGORITHMS, DEFAULT_ALGO  # the registry only (the algorithms' modules load when used)
 
-# Run settings: read by the engine, not by the algorithm. Types for --config checks.
-RUN_TYPES = {"algo": str, "passes": int, "paths": int, "seed": int, "workers": int, "scheduler": str,
-             "placement": str, "stage_blocks": int, "max_density": float, "record_path": str,
-             "evaluate_every": int, "shuffle_window": int, "generations": int}
-RUN_KEYS = set(RUN_TYPES)
-RUN_MIN = {"passes": 1, "paths": 1, "workers": 1, "evaluate_every": 1, "shuffle_window": 1, "stage_blocks": 0,
-           "generations": 0, "max_density": 0.0}
+from pipeline.config import RUN_KEYS, RUN_MIN, RUN_TYPES, check_settings  # noqa: F401 (re-exported)
+
 # ablation switches: CLI flag -> (hyper-parameter, value); only for algorithms that have that parameter
 SWITCHES = {"no_informative": ("truncation", "touched"), "no_stability": ("stability", False)}
 
@@ -103,7 +97,9 @@ OPTIONS = [
         "annealing).", min=0.0),
     Opt("settings", Optional[List[str]], "Any hyper-parameter of the algorithm as KEY=VALUE (repeatable), e.g. "
         "--set pi0=0.8; `sparsepipe algorithms NAME` lists them.", flags=("--set",), kind="special"),
-    Opt("config", Optional[Path], "TOML file supplying any of these options (flat, or a [train] table).",
+    Opt("config", Optional[Path], "TOML file of training settings: algo, the algorithm's hyper-parameters and "
+        "the run settings (passes, paths, workers, seed, ...), flat or in one \\[train] table; unknown keys and "
+        "tables are refused. The command line overrides it.",
         kind="special"),
     Opt("no_verify", bool, "Read blocks without checking them against the manifest checksums.", default=False,
         flags=("--no-verify",), kind="special"),
@@ -140,7 +136,8 @@ class TrainingOptions:
         if not isinstance(name, str):
             fail(f"{cfg_path}: 'algo' must be a string, got {name!r}", 2)
         hyper_types = _hyper_types(name)
-        check_config(cfg, hyper_types, cfg_path)
+        if cfg:
+            check_config(cfg, name, cfg_path)
         cli = {}
         for o in OPTIONS:
             val = v.get(o.name)
@@ -164,6 +161,12 @@ class TrainingOptions:
             fail(str(e), 2)
         run = {**(defaults or {}), **{k: opts.pop(k) for k in list(opts) if k in RUN_KEYS}}
         run.pop("algo", None)
+        try:  # the algorithm's own checks (K >= 1, a known loss, ...) before any work
+            from pipeline.algorithms import params_class
+
+            params_class(name)(**opts)
+        except (ValueError, TypeError) as e:
+            fail(f"--algo {name}: {e}", 2)
         return Resolved(name, opts, run, cfg_path)
 
 
@@ -210,40 +213,25 @@ def read_config(path: Path | None) -> dict:
         fail(f"{path}: cannot read the config file (permission denied)")
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
         fail(f"{path}: invalid TOML ({e})")
-    cfg = cfg.get("train", cfg)
-    return {k.replace("-", "_"): v for k, v in cfg.items() if not isinstance(v, dict)}
+    if isinstance(cfg.get("train"), dict):
+        rest = sorted(k for k in cfg if k != "train")
+        if rest:
+            fail(f"{path}: {', '.join(rest)} outside the [train] table; a config is flat or one [train] table", 2)
+        cfg = cfg["train"]
+    tables = sorted(k for k, v in cfg.items() if isinstance(v, dict))
+    if tables:
+        fail(f"{path}: unknown table(s) {', '.join(tables)}; a config is flat or one [train] table of "
+             f"`train` options", 2)
+    return {k.replace("-", "_"): v for k, v in cfg.items()}
 
 
-def _type_ok(val, typ) -> bool:
-    if typ is bool:
-        return isinstance(val, bool)
-    if typ is int:
-        return isinstance(val, int) and not isinstance(val, bool)
-    if typ is float:
-        return isinstance(val, (int, float)) and not isinstance(val, bool)
-    if typ is type(None):  # an optional parameter whose default is None: a number or a string
-        return isinstance(val, (int, float, str)) and not isinstance(val, bool)
-    return isinstance(val, typ)
-
-
-def check_config(cfg: dict, hyper_types: dict, path) -> None:
-    """Every key known (run settings or the algorithm's hyper-parameters) and of the right type (exit 2)."""
-    allowed = RUN_KEYS | set(hyper_types)
-    unknown = sorted(set(cfg) - allowed)
-    if unknown:
-        fail(f"{path}: unknown key(s) {', '.join(unknown)}; known: {', '.join(sorted(allowed))}", 2)
-    for k, val in cfg.items():
-        typ = RUN_TYPES.get(k) or hyper_types.get(k)
-        if typ is not None and not _type_ok(val, typ):
-            want = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}.get(typ, "a value")
-            fail(f"{path}: '{k}' must be {want}, got {val!r}", 2)
-        lo = RUN_MIN.get(k)
-        if lo is not None and val < lo:
-            fail(f"{path}: '{k}' must be >= {lo}, got {val!r}", 2)
-        if k == "max_density" and val > 1:
-            fail(f"{path}: 'max_density' must be <= 1, got {val!r}", 2)
-        if isinstance(val, float) and math.isnan(val):
-            fail(f"{path}: '{k}' is NaN", 2)
+def check_config(cfg: dict, name: str, path) -> None:
+    """Every key known (run settings or the algorithm's hyper-parameters), of the right type and accepted by the
+    algorithm's checks (exit 2 naming the file and the key)."""
+    try:
+        check_settings(cfg, name, str(path))
+    except ValueError as e:
+        fail(str(e), 2)
 
 
 def training_options(exclude: tuple = ()):

@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from pipeline.kernels import numba_started
+from pipeline.store.readlock import reads_store
 
 
 def scores(block, w: np.ndarray, bias: float) -> np.ndarray:
@@ -87,6 +88,7 @@ def metrics_from_partial(part: dict, kind: str = "binary") -> dict:
             "positive_fraction": float(np.mean(y > 0))}
 
 
+@reads_store("store_path")
 def evaluate_store(model, store_path: str, split: str = "holdout", client=None, blocks=None) -> dict:
     """Metrics of ``model`` on a split of a store (map over blocks, tree-merge the partials); ``blocks`` (keys)
     restricts the split to those blocks (e.g. the newest generation's holdout)."""

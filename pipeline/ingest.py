@@ -511,6 +511,7 @@ def ingest(inputs: list[str], out: str, options: IngestOptions | None = None, *,
             if not os.path.exists(out):
                 raise IngestError(f"{out}: --append needs an existing store (it does not exist)")
             old = fmt.read_manifest(out)
+            _check_append_options(out, old, o)
         elif os.path.exists(out):
             raise IngestError(f"{out}: already exists; use --append to add data or remove it first")
         sources = []
@@ -558,6 +559,19 @@ def ingest(inputs: list[str], out: str, options: IngestOptions | None = None, *,
         return summary
     finally:
         _unlock(out, lock_fd)
+
+
+def _check_append_options(out: str, old: dict, o: IngestOptions) -> None:
+    """An append reads its inputs as the store's first ingest did: the same index base and value dtype (rows with
+    columns shifted by one, or blocks of two dtypes, would be a different store under the same manifest)."""
+    base = 0 if o.zero_based else 1
+    if old.get("index_base", 1) != base:
+        flag = "with" if old.get("index_base", 1) == 0 else "without"
+        raise IngestError(f"{out}: the store's feature indices are {old.get('index_base', 1)}-based; append "
+                          f"{flag} --zero-based (these inputs were read as {base}-based)")
+    if old.get("data_dtype", "float32") != o.dtype:
+        raise IngestError(f"{out}: the store's values are {old.get('data_dtype')}; append with --dtype "
+                          f"{old.get('data_dtype')} (got --dtype {o.dtype})")
 
 
 def _run_tasks(c, root, tasks, o, total_bytes, progress):
@@ -736,10 +750,13 @@ def _commit(c, root, out, old, sources, tasks, results, o, generation, t0):
         os.rename(root, out)
         fmt._fsync_dir(os.path.dirname(os.path.abspath(out)))
     else:
-        fmt.write_manifest(out, manifest)
-        old_stats = old.get("stats")
-        if old_stats and old_stats != stats_path:
-            shutil.rmtree(os.path.join(out, old_stats), ignore_errors=True)
+        from pipeline.store.readlock import committing
+
+        with committing(out):  # no run reads the old version meanwhile (pipeline/store/readlock.py)
+            fmt.write_manifest(out, manifest)
+            old_stats = old.get("stats")
+            if old_stats and old_stats != stats_path:
+                shutil.rmtree(os.path.join(out, old_stats), ignore_errors=True)
     return {
         "store": out, "n_rows": manifest["n_rows"], "n_features": manifest["n_features"],
         "nnz": manifest["nnz"], "n_blocks": len(entries),

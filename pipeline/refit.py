@@ -48,6 +48,7 @@ import numpy as np
 from pipeline.cluster import in_order
 from pipeline.kernels import refit as K
 from pipeline.kernels.losses import LOGISTIC, SQUARED
+from pipeline.store.readlock import reads_store
 
 # l2 (on the mean loss) for L2-normalised rows, measured on synthetic webspam-like stores (20k features, 100
 # non-zeros per row, 2k-16k rows, TG-selected supports of 250-1,500 columns): 1e-5 gave the lowest holdout
@@ -953,6 +954,7 @@ def kkt_expand(prob: RefitProblem, x, res, l1: float, rounds: int, max_iter: int
     return prob, x, res, report, evaluations
 
 
+@reads_store("store_path")
 def refit(model, store_path: str, client=None, l2: float = DEFAULT_L2, max_iter: int = DEFAULT_MAX_ITER,
           loss: str | None = None, tol: float = DEFAULT_TOL, blocks=None,
           cache_bytes: int = DEFAULT_CACHE_BYTES, l1: float | str = DEFAULT_L1,

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from pipeline.algorithms import DEFAULT_ALGO
+from pipeline.config import RUN_MIN, RUN_TYPES, WANT, check_settings, type_ok
 from pipeline.registry import LockedError, RegistryError, open_registry
 
 FAULT_ENV = "SPARSEPIPE_FAULT"
@@ -48,9 +49,11 @@ FAULT_POINTS = {
 _HITS: dict = {}
 
 EXIT_OK, EXIT_ERROR, EXIT_LOCKED, EXIT_REFUSED = 0, 1, 3, 4
-# [train] keys that are run settings (hyper-parameters are the algorithm's); mirrors cli.model_cmds.RUN_KEYS
-TRAIN_RUN_KEYS = {"algo", "passes", "paths", "seed", "workers", "scheduler", "placement", "stage_blocks",
-                  "max_density", "record_path", "evaluate_every", "shuffle_window"}
+# [train] keys that are run settings (hyper-parameters are the algorithm's): `train --config`'s, less the training
+# window (the job's [window] table); workers = 0 trains in this process
+TRAIN_RUN_TYPES = {k: t for k, t in RUN_TYPES.items() if k != "generations"}
+TRAIN_RUN_KEYS = set(TRAIN_RUN_TYPES)
+TRAIN_RUN_MIN = {**RUN_MIN, "workers": 0}
 METRICS = {"error": False, "auc": True, "logloss": False, "rmse": False}  # name -> higher is better
 
 
@@ -113,22 +116,11 @@ REFIT_KEYS = {"enabled": bool, "l1": (str, int, float), "l2": (int, float), "max
 TOP_KEYS = {"store", "registry"}
 
 
-def hyper_names(algo: str) -> set:
-    import importlib
-
-    from pipeline.algorithms import ALGORITHMS
-
-    if algo not in ALGORITHMS:
-        raise ValueError(f"unknown algorithm {algo!r}; choose one of {', '.join(sorted(ALGORITHMS))}")
-    mod, _, params = ALGORITHMS[algo]
-    return {f.name for f in dataclasses.fields(getattr(importlib.import_module(mod), params))}
-
-
-def load_job(path=None, overrides: dict | None = None, train_keys=None) -> JobConfig:
+def load_job(path=None, overrides: dict | None = None) -> JobConfig:
     """JOB.toml (plus ``overrides``: {"store": .., "train": {..}, "gate": {..}, ...}) -> JobConfig.
 
-    Unknown keys are refused naming the file and the key. ``train_keys(algo)`` gives the allowed [train]
-    keys (default: run keys | the algorithm's hyper-parameters, as ``train --config``)."""
+    Unknown keys, and [train] values of the wrong type or refused by the algorithm, raise ValueError naming the
+    file and the key: before the job appends anything."""
     raw: dict = {}
     src = str(path) if path else "<flags>"
     if path is not None:
@@ -164,21 +156,36 @@ def load_job(path=None, overrides: dict | None = None, train_keys=None) -> JobCo
                              f"{', '.join(sorted(allowed))}")
         return t
 
+    def typed(name, cls):
+        """The table ``name`` as the dataclass ``cls``: known keys of its fields' types, and its own checks."""
+        t = table(name, {f.name for f in dataclasses.fields(cls)})
+        for f in dataclasses.fields(cls):
+            typ = {"float": float, "int": int, "bool": bool, "str": str}[str(f.type).split(" ")[0]]
+            if f.name in t and not type_ok(t[f.name], typ):
+                raise ValueError(f"{src}: {name}.{f.name} must be {WANT[typ]}, got {t[f.name]!r}")
+        try:
+            return cls(**t)
+        except ValueError as e:
+            raise ValueError(f"{src}: [{name}] {e}") from None
+
     tr = dict(raw.get("train", {}))
-    algo = tr.get("algo", DEFAULT_ALGO)
-    allowed = train_keys(algo) if train_keys else (TRAIN_RUN_KEYS | hyper_names(algo))
-    tr = table("train", allowed)
-    g = table("gate", {f.name for f in dataclasses.fields(Gate)})
-    gate = Gate(**g)
+    if "generations" in tr:
+        raise ValueError(f"{src}: train.generations: the training window is the job's [window] generations")
+    check_settings(tr, tr.get("algo", DEFAULT_ALGO), src, TRAIN_RUN_TYPES, TRAIN_RUN_MIN, prefix="train.")
+    gate = typed("gate", Gate)
     if gate.metric not in METRICS:
         raise ValueError(f"{src}: gate.metric must be one of {', '.join(METRICS)}, got {gate.metric!r}")
     win = table("window", {"generations"})
     ret = table("retention", {"keep"})
-    val = Validation(**table("validation", {f.name for f in dataclasses.fields(Validation)}))
+    for key, v in (("window.generations", win.get("generations", 0)), ("retention.keep", ret.get("keep", 10))):
+        if not type_ok(v, int):
+            raise ValueError(f"{src}: {key} must be an integer, got {v!r}")
+    val = typed("validation", Validation)
     from pipeline.ingest import IngestOptions
     from pipeline.refit import SELECT_RULES
 
-    ing = table("ingest", {f.name for f in dataclasses.fields(IngestOptions)})
+    ing = dataclasses.asdict(typed("ingest", IngestOptions))
+    ing = {k: v for k, v in ing.items() if k in raw.get("ingest", {})}
     ref = table("refit", set(REFIT_KEYS))
     for k, v in ref.items():
         if not isinstance(v, REFIT_KEYS[k]) or (k == "l1" and isinstance(v, str) and v != "auto") \

@@ -18,6 +18,8 @@ import math
 
 import numpy as np
 
+from pipeline.store.readlock import reads_store
+
 METHODS = ("dd", "mg")
 NNZ_MODES = ("draws", "distinct")
 
@@ -158,6 +160,7 @@ def store_second_moments(store_path: str, n_features: int | None = None) -> np.n
     return s
 
 
+@reads_store("store_path")
 def sparsify_model(model, store_path: str, *, method: str = "dd", nnz: int | None = None,
                    epsilon: float | None = None, delta: float = 0.1, seed: int = 0, nnz_mode: str = "draws"):
     """A sparse copy of ``model`` (any algorithm) by (TS-7), with s from the store's feature statistics.

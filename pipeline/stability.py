@@ -15,6 +15,8 @@ One set empty and the other full gives q_e = 0, q_o = 0, κ = 0 (as sklearn).
 """
 import numpy as np
 
+from pipeline.store.readlock import reads_store
+
 
 def _as_set(s, p):
     a = np.unique(np.asarray(s, dtype=np.int64).ravel())
@@ -57,6 +59,7 @@ def mean_pairwise_kappa(sets, p):
     return total / (B * (B - 1) / 2)
 
 
+@reads_store("store")
 def stability_runs(store: str, algo: str, options: dict | None = None, *, runs: int = 10, passes: int = 5,
                    paths: int = 1, client=None, test_store: str | None = None, stage_blocks: int = 0,
                    placement: str = "paths", progress=None, seed: int = 0, max_density: float | None = None,

@@ -5,8 +5,10 @@ import time
 
 from pipeline.algorithms import DEFAULT_ALGO, make_algorithm
 from pipeline.model import Model
+from pipeline.store.readlock import reads_store
 
 
+@reads_store("store_path")
 def fit(store_path: str, algo: str = DEFAULT_ALGO, options: dict | None = None, *, passes: int = 5, paths: int = 1,
         seed: int = 0, client=None, init_model: Model | None = None, placement: str = "paths",
         stage_blocks: int = 0, evaluate: bool = True, max_density: float | None = None,

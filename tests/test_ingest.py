@@ -397,3 +397,55 @@ if __name__ == "__main__":
     assert got["scheduler"].startswith("tcp://127.0.0.1:")
     assert got["workers"] and all(w.startswith("tcp://127.0.0.1:") for w in got["workers"])
     assert got["trim"] == [None]
+
+
+def test_append_reads_its_inputs_as_the_store_was_made(tmp, client):
+    a = write(tmp / "a.svm", "\n".join(lines(60, 1, width=20)))
+    b = write(tmp / "b.svm", "\n".join(lines(40, 2, width=20)))
+    ingest([a], str(tmp / "s"), IngestOptions(block_mb=0.001), client=client)
+    before = open_store(tmp / "s").manifest
+    with pytest.raises(IngestError, match=r"indices are 1-based; append without --zero-based"):
+        ingest([b], str(tmp / "s"), IngestOptions(block_mb=0.001, zero_based=True), append=True, client=client)
+    with pytest.raises(IngestError, match=r"values are float32; append with --dtype float32"):
+        ingest([b], str(tmp / "s"), IngestOptions(block_mb=0.001, dtype="float64"), append=True, client=client)
+    assert open_store(tmp / "s").manifest == before
+
+
+OVERLAP_SCRIPT = """
+import sys, time
+from pipeline.train import fit
+store, out, marker = sys.argv[1:]
+def progress(rec):
+    if rec["pass"] == 1:  # hold the run open in its first pass until the test's append is waiting to commit
+        open(marker, "w").close()
+        time.sleep(3.0)
+fit(store, "stsgd", {}, passes=2, paths=1, refit={}, progress=progress).save(out)
+open(marker + ".done", "w").write(repr(time.time()))
+"""
+
+
+def test_an_append_commits_after_a_training_run_that_reads_the_store(tmp, client, capsys):
+    """A run that overlaps an append reads one version of the store from its start to its end (training blocks,
+    statistics, refit rows, holdout): the append waits for it and commits afterwards."""
+    from pipeline.model import load_model
+    from pipeline.train import fit
+
+    a = write(tmp / "a.svm", "\n".join(lines(3000, 1, width=40)))
+    b = write(tmp / "b.svm", "\n".join(lines(1000, 2, width=60)))
+    ingest([a], str(tmp / "s"), IngestOptions(block_mb=0.01), client=client)
+    alone = fit(str(tmp / "s"), "stsgd", {}, passes=2, paths=1, refit={})
+    marker = tmp / "first-pass"
+    proc = subprocess.Popen([sys.executable, "-c", OVERLAP_SCRIPT, str(tmp / "s"), str(tmp / "m.npz"), str(marker)])
+    deadline = time.time() + 120
+    while not marker.exists() and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.02)
+    assert marker.exists(), "the training run did not start"
+    s = ingest([b], str(tmp / "s"), IngestOptions(block_mb=0.01), append=True, client=client)
+    committed = time.time()
+    assert proc.wait(timeout=120) == 0
+    assert float((tmp / "first-pass.done").read_text()) <= committed  # the append waited for the run
+    assert "is reading this store; the append commits when it ends" in capsys.readouterr().err
+    m = load_model(tmp / "m.npz")
+    assert np.array_equal(m.coef_indices, alone.coef_indices) and np.array_equal(m.coef_values, alone.coef_values)
+    assert m.meta["refit"]["n_rows"] == alone.meta["refit"]["n_rows"] and m.meta["holdout"] == alone.meta["holdout"]
+    assert s["n_rows"] == 4000 and open_store(tmp / "s").n_rows == 4000

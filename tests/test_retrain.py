@@ -284,6 +284,18 @@ def test_job_file_keys(tmp_path):
         load_job(p)
     r = CliRunner().invoke(app, ["retrain", "--config", _job(str(tmp_path / "c")), "--set", "train.nope=1"])
     assert r.exit_code == 2 and "train.nope" in r.output
+    for old, new, cause in [("eta = 0.5", 'eta = "abc"', "job.toml: 'train.eta' must be a number, got 'abc'"),
+                            ("eta = 0.5", "K = 0", "job.toml: K must be >= 1, got 0"),
+                            ("passes = 3", 'passes = "two"', "job.toml: 'train.passes' must be an integer")]:
+        p = _job(str(tmp_path / "d"))
+        with open(p) as f:
+            text = f.read()
+        with open(p, "w") as f:
+            f.write(text.replace(old, new))
+        with pytest.raises(ValueError, match=cause):
+            load_job(p)
+    with pytest.raises(ValueError, match=r"job.toml: gate.max_change must be a number, got 'x'"):
+        load_job(_job(str(tmp_path / "e")), {"gate": {"max_change": "x"}})
     from cli.model_cmds import RUN_KEYS
 
     # [train] takes what `train --config` takes, but the training window, which is the job's [window] table
@@ -404,3 +416,15 @@ def test_an_stsgd_job_refits_by_default_like_train(days, tmp_path):
     on, off = models["default"], models["off"]
     assert "refit" in on.meta and "refit" not in off.meta
     assert on.meta["refit"]["nnz_before"] == off.nnz and set(on.coef_indices) <= set(off.coef_indices)
+
+
+def test_a_bad_train_value_is_refused_before_the_store_changes(base2, days, tmp_path):
+    d = _copy(base2[0], tmp_path / "night")
+    before = read_manifest(os.path.join(d, "store.zarr"))
+    r = CliRunner().invoke(app, ["retrain", "--config", os.path.join(d, "job.toml"), "--new", days[3],
+                                 "--set", "train.eta=abc"])
+    assert r.exit_code == 2 and "'train.eta' must be a number, got 'abc'" in r.output
+    assert read_manifest(os.path.join(d, "store.zarr")) == before
+    assert not os.path.exists(os.path.join(d, "models", "runs")) or not any(
+        json.load(open(os.path.join(d, "models", "runs", r_, "state.json"))).get("status") == "running"
+        for r_ in os.listdir(os.path.join(d, "models", "runs")))

@@ -105,3 +105,27 @@ def test_train_help_names_the_algorithms_and_points_to_the_listing():
     for name in ALGORITHMS:
         assert name in out
     assert "sparsepipe algorithms" in out
+
+
+@pytest.mark.parametrize("text, cause", [
+    ('[trian]\nalgo = "tg"\n', "unknown table(s) trian"),
+    ('algo = "tg"\n[train]\npasses = 2\n', "algo outside the [train] table"),
+    ('[train]\npasses = 2\n[train.refit]\nenabled = false\n', "unknown table(s) refit"),
+    ('[train]\nalgo = "tg"\nK = 0\n', "K must be >= 1, got 0"),
+    ('[train]\nalgo = "tg"\neta = "fast"\n', "'eta' must be a number, got 'fast'"),
+])
+def test_a_config_is_refused_naming_the_file_and_the_cause(store, tmp_path, text, cause):
+    (tmp_path / "c.toml").write_text(text)
+    r = run("train", store, "--out", tmp_path / "m.npz", "--config", tmp_path / "c.toml")
+    assert r.exit_code == 2 and "c.toml" in r.output and cause in r.output, r.output
+    assert not (tmp_path / "m.npz").exists()
+
+
+@pytest.mark.parametrize("args, cause", [
+    (["--set", "K=0"], "K must be >= 1, got 0"), (["--set", "eta=abc"], "--set eta: expected a number, got 'abc'"),
+    (["--set", "K=1.5"], "--set K: expected an integer, got '1.5'"), (["--loss", "foo"], "loss must be"),
+    (["--algo", "tg", "--schedule", "foo"], "schedule"), (["--algo", "tg", "--set", "eta=-1"], "eta"),
+])
+def test_a_bad_value_is_a_usage_error_before_any_work(store, tmp_path, args, cause):
+    r = run("train", store, "--out", tmp_path / "m.npz", *args)
+    assert r.exit_code == 2 and cause in r.output, r.output

@@ -28,6 +28,14 @@ ALGORITHMS = {
 DEFAULT_ALGO = "stsgd"
 
 
+def params_class(name: str):
+    """The hyper-parameter dataclass of algorithm ``name`` (imports its module)."""
+    if name not in ALGORITHMS:
+        raise ValueError(f"unknown algorithm {name!r}; choose one of {', '.join(sorted(ALGORITHMS))}")
+    mod, _, params = ALGORITHMS[name]
+    return getattr(importlib.import_module(mod), params)
+
+
 def registry() -> dict:
     out = {}
     for name, (mod, cls, params) in ALGORITHMS.items():
@@ -37,14 +45,11 @@ def registry() -> dict:
 
 
 def make_algorithm(name: str, options: dict):
-    if name not in ALGORITHMS:
-        raise ValueError(f"unknown algorithm {name!r}; choose one of {', '.join(sorted(ALGORITHMS))}")
-    mod, cls, params = ALGORITHMS[name]
-    m = importlib.import_module(mod)
-    p = params_from_dict(getattr(m, params), options, where=f"--algo {name}")
+    p = params_from_dict(params_class(name), options, where=f"--algo {name}")
     if name == "sgd" and getattr(p, "gravity", 0) != 0:
         raise ValueError("--algo sgd has no gravity; use --algo tg")
-    return getattr(m, cls)(p)
+    mod, cls, _ = ALGORITHMS[name]
+    return getattr(importlib.import_module(mod), cls)(p)
 
 
 def parse_setting(name: str, text: str) -> tuple:
@@ -56,10 +61,7 @@ def parse_setting(name: str, text: str) -> tuple:
         raise ValueError(f"--set expects KEY=VALUE, got {text!r}")
     key, val = (s.strip() for s in text.split("=", 1))
     key = key.replace("-", "_")
-    if name not in ALGORITHMS:
-        raise ValueError(f"unknown algorithm {name!r}")
-    mod, _, params = ALGORITHMS[name]
-    fields = {f.name: f for f in dataclasses.fields(getattr(importlib.import_module(mod), params))}
+    fields = {f.name: f for f in dataclasses.fields(params_class(name))}
     if key not in fields:
         raise ValueError(f"--set {key}: unknown option for --algo {name}; known: {', '.join(sorted(fields))}")
     default = fields[key].default
@@ -67,8 +69,14 @@ def parse_setting(name: str, text: str) -> tuple:
         if val.lower() not in ("true", "false", "1", "0", "yes", "no"):
             raise ValueError(f"--set {key}: expected true/false, got {val!r}")
         return key, val.lower() in ("true", "1", "yes")
-    if isinstance(default, int) and not isinstance(default, bool):
-        return key, int(val)
-    if isinstance(default, float):
-        return key, math.inf if val.lower() in ("inf", "infinity") else float(val)
+    if default is None and val.lower() in ("none", ""):  # an optional number (g0_init, fixed_gravity)
+        return key, None
+    try:
+        if isinstance(default, int):
+            return key, int(val)
+        if isinstance(default, float) or default is None:
+            return key, math.inf if val.lower() in ("inf", "infinity") else float(val)
+    except ValueError:
+        kind = "an integer" if isinstance(default, int) else "a number"
+        raise ValueError(f"--set {key}: expected {kind}, got {val!r}") from None
     return key, val

@@ -182,6 +182,7 @@ def param_names(name: str) -> set:
 
 def param_types(name: str) -> dict:
     """{hyper-parameter: Python type of its default} (bool, int, float or str)."""
-    mod_name, _, params_name = ALGORITHMS[name]
+    from pipeline.algorithms import params_class
+
     return {f.name: type(_default(f)) if not isinstance(f.default, float) else float
-            for f in dataclasses.fields(getattr(importlib.import_module(mod_name), params_name))}
+            for f in dataclasses.fields(params_class(name))}
