@@ -300,3 +300,23 @@ def test_verify_gives_the_same_report_on_any_thread_count(good, tmp_path, thread
     fmt.write_array(f"{st2}/{man['stats']}", "col_sumsq", ss)
     rep = report(st2, threads)
     assert rep == report(st2, 1) and any("sums of squares differ" in p for p in rep["problems"])
+
+
+def test_damaged_statistics_or_manifest_are_exit_5_naming_the_part(good, tmp_path):
+    st_path = _copy(good, tmp_path)
+    group = f"{st_path}/{fmt.read_manifest(str(st_path))['stats']}"
+    _flip(f"{group}/col_sumsq/c/0", where=0.6)  # inside the lz4 payload: decodes, to other numbers
+    r = cli("train", st_path, "--out", tmp_path / "m.npz", "--passes", "1")
+    assert r.returncode == 5 and "feature statistics do not match their checksum" in r.stderr and group in r.stderr
+    assert not (tmp_path / "m.npz").exists()
+    rep = json.loads(cli("verify", st_path, "--json").stdout)
+    assert any("do not match their checksum" in p for p in rep["problems"])
+    _flip(f"{group}/col_sumsq/c/0", where=0.0, mask=0xFF)  # the blosc header: does not decode
+    r = cli("train", st_path, "--out", tmp_path / "m.npz", "--passes", "1")
+    assert r.returncode == 5 and "feature statistics cannot be read" in r.stderr and group in r.stderr
+    other = _copy(good, tmp_path, "t.zarr")
+    with open(f"{other}/zarr.json", "r+") as f:
+        f.truncate(50)
+    for cmd in ("info", "verify"):
+        r = cli(cmd, other)
+        assert r.returncode == 5 and "the store's manifest is damaged" in r.stderr and "zarr.json" in r.stderr

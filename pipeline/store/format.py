@@ -47,6 +47,12 @@ class StoreError(Exception):
     """A store that cannot be opened or committed; the message names the path and the cause."""
 
 
+class StoreCorruptError(StoreError):
+    """A block whose arrays do not match the manifest (checksum, lengths) or cannot be decoded, or damaged store
+    metadata or statistics; the message names the store, the part, (for a block) the source lines it holds and
+    what to do. The CLI exits with code 5."""
+
+
 def one_codec_thread() -> None:
     """Compress on the calling thread only: a Dask worker thread is one core (blosc defaults to all cores)."""
     import numcodecs.blosc
@@ -243,8 +249,9 @@ def read_manifest(path: str) -> dict:
             meta = json.load(f)
     except FileNotFoundError:
         raise StoreError(f"{path}: not a sparsepipe store (no zarr.json)") from None
-    except json.JSONDecodeError as e:
-        raise StoreError(f"{meta_path}: unreadable metadata ({e})") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise StoreCorruptError(f"{meta_path}: the store's manifest is damaged ({e}); restore the store from a "
+                                f"backup or ingest its sources again") from None
     man = meta.get("attributes", {}).get(ATTR)
     if not man or man.get("format") != FORMAT:
         raise StoreError(f"{path}: zarr group is not a sparsepipe store (no '{ATTR}' manifest)")

@@ -17,9 +17,7 @@ ARRAYS = ("indptr", "indices", "data", "labels")
 VERIFY_ENV = "SPARSEPIPE_VERIFY"
 
 
-class StoreCorruptError(fmt.StoreError):
-    """A block whose arrays do not match the manifest (checksum, lengths) or cannot be decoded; the message
-    names the store, the block key, the source lines it holds and what to do. The CLI exits with code 5."""
+StoreCorruptError = fmt.StoreCorruptError
 
 
 def verify_default() -> bool:

@@ -29,6 +29,8 @@ from pipeline.kernels import colstats
 from pipeline.kernels.intrinsics import base
 from pipeline.store import format as fmt
 
+DAMAGED = "the store is damaged: `sparsepipe verify` checks it, ingesting its sources again rebuilds it"
+VERSION_STATS = ("feature", "col_nnz", "col_sumsq")  # a store version's statistics (sparse layout)
 BLOCK_STATS = ("stats_idx", "stats_nnz", "stats_sumsq")  # a block's statistics while an ingest runs
 _SCRATCH = threading.local()  # a thread's accumulator (band tasks of one commit may run on threads side by side)
 
@@ -199,27 +201,63 @@ def stats_size(group: str) -> int:
 def write_stats(group: str, feature: np.ndarray, count: np.ndarray, sumsq: np.ndarray, width: int) -> None:
     """Write sparse statistics to the zarr group ``group``: ``feature`` int32 while width < 2**31, ``col_nnz``
     int32 while the counts fit (readers take any integer dtype)."""
-    fmt.make_group(group, {"layout": "sparse", "n_features": int(width)})
+    from pipeline.store import checksum
+
     fdt = np.int32 if width < 2**31 else np.int64
     cdt = np.int32 if count.max(initial=0) < 2**31 else np.int64
-    fmt.write_array(group, "feature", feature.astype(fdt, copy=False))
-    fmt.write_array(group, "col_nnz", count.astype(cdt, copy=False))
-    fmt.write_array(group, "col_sumsq", sumsq)
+    arrays = feature.astype(fdt, copy=False), count.astype(cdt, copy=False), sumsq
+    fmt.make_group(group, {"layout": "sparse", "n_features": int(width), "checksum": checksum.checksum(*arrays)})
+    for name, arr in zip(VERSION_STATS, arrays):
+        fmt.write_array(group, name, arr)
 
 
-def read_stats(group: str, out: tuple | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def read_stats(group: str, out: tuple | None = None, check: bool | None = None) -> tuple[np.ndarray, np.ndarray,
+                                                                                        np.ndarray]:
     """(feature, count, sum of squares) of the features present: a block's statistics
     (``stats_idx/stats_nnz/stats_sumsq``), a store version's (``feature/col_nnz/col_sumsq``), or the dense
     ``col_nnz/col_sumsq`` of format 1. ``out``: three arrays to read the sparse layouts into where the
-    dtypes match (see :func:`pipeline.store.format.read_array`)."""
-    for names in (BLOCK_STATS, ("feature", "col_nnz", "col_sumsq")):
-        if os.path.exists(os.path.join(group, names[0], "zarr.json")):
-            return tuple(fmt.read_array(group, n, o) for n, o in zip(names, out or (None,) * 3))
+    dtypes match (see :func:`pipeline.store.format.read_array`). A damaged array is a
+    :class:`pipeline.store.format.StoreCorruptError` naming the group, and so are a store version's statistics
+    that do not match their checksum when ``check`` (None: when reads are verified,
+    :func:`pipeline.store.reader.verify_default`)."""
+    if check is None:
+        from pipeline.store.reader import verify_default
+
+        check = verify_default()
+    try:
+        return _read_stats(group, out, check)
+    except (fmt.StoreError, MemoryError):
+        raise
+    except Exception as e:  # a chunk that does not decode (blosc, zarr, lengths) or is missing
+        raise fmt.StoreCorruptError(f"{group}: feature statistics cannot be read ({type(e).__name__}: {e}); "
+                                    f"{DAMAGED}") from None
+
+
+def _read_stats(group: str, out: tuple | None, check: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    if os.path.exists(os.path.join(group, BLOCK_STATS[0], "zarr.json")):
+        return tuple(fmt.read_array(group, n, o) for n, o in zip(BLOCK_STATS, out or (None,) * 3))
+    if os.path.exists(os.path.join(group, VERSION_STATS[0], "zarr.json")):
+        arrays = tuple(fmt.read_array(group, n, o) for n, o in zip(VERSION_STATS, out or (None,) * 3))
+        if check and not checksum_ok(group, arrays):
+            raise fmt.StoreCorruptError(f"{group}: feature statistics do not match their checksum; {DAMAGED}")
+        return arrays
     if os.path.exists(os.path.join(group, "indices", "zarr.json")):  # a block written without them
         return block_stats(group)
     nnz = fmt.read_array(group, "col_nnz")
     f = np.flatnonzero(nnz)
     return f, nnz[f], fmt.read_array(group, "col_sumsq")[f]
+
+
+def checksum_ok(group: str, arrays: tuple) -> bool:
+    """A store version's statistics against the checksum recorded beside them (stores written since
+    2026-11-26; lz4 has no checksum of its own). True when none is recorded."""
+    with open(os.path.join(group, "zarr.json"), encoding="utf-8") as f:
+        recorded = json.load(f).get("attributes", {}).get("checksum")
+    if not recorded:
+        return True
+    from pipeline.store import checksum
+
+    return checksum.matches(recorded, *arrays)
 
 
 def block_stats(group: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

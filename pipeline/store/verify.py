@@ -102,7 +102,9 @@ def verify_store(path: str, progress=None, threads: int | None = None) -> dict:
         problems.append("feature statistics not recounted: a training block is bad")
     elif man.get("stats"):
         try:
-            sf, sc, ss = stats_mod.read_stats(os.path.join(st.path, man["stats"]))
+            sf, sc, ss = stats_mod.read_stats(os.path.join(st.path, man["stats"]), check=False)
+            if not stats_mod.checksum_ok(os.path.join(st.path, man["stats"]), (sf, sc, ss)):
+                problems.append(f"feature statistics {man['stats']} do not match their checksum")
         except Exception as ex:  # noqa: BLE001  unreadable statistics are a finding, not a crash
             problems.append(f"feature statistics {man['stats']} cannot be read ({type(ex).__name__}: {ex})")
         else:
