@@ -90,7 +90,9 @@ def train(
 
         st = open_store(str(store))
         n_train = len(st.entries("train"))
-        n_paths = run.get("paths") or max(1, min(n_workers, n_train))
+        from pipeline.algorithms import default_paths
+
+        n_paths = run.get("paths") or default_paths(name, n_workers, n_train)
         if run.get("workers") and not run.get("scheduler"):  # refuse what cannot fit before starting the workers
             from pipeline.algorithms import make_algorithm
             from pipeline.memory import check_local

@@ -5,7 +5,9 @@ metadata). No third-party imports: every command loads this.
 """
 from __future__ import annotations
 
+import contextlib
 import os
+import socket
 import tempfile
 
 
@@ -23,13 +25,49 @@ def fsync_dir(path: str) -> None:
         os.close(fd)
 
 
-def write_atomically(path, fill, prefix: str | None = None, suffix: str = ".tmp", durable: bool = True) -> str:
-    """``fill(f)`` writes the content into a binary file object; it becomes ``path`` only once complete.
+def _umask() -> int:
+    """This process's umask, read without changing it (``os.umask`` sets it process-wide, racing threads)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    return 0o022
+
+
+def _remove_stale(d: str, stem: str, suffix: str) -> None:
+    """Temporary files of ``stem`` left by writers on this host that died (kill -9) before their rename."""
+    host = socket.gethostname()
+    for name in os.listdir(d):
+        if not (name.startswith(stem) and name.endswith(suffix)):
+            continue
+        owner = name[len(stem):].split(".", 1)[0]  # HOST-PID
+        h, _, pid = owner.rpartition("-")
+        if h != host or not pid.isdigit():
+            continue
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            with contextlib.suppress(OSError):
+                os.unlink(os.path.join(d, name))
+        except OSError:
+            pass  # alive under another user
+
+
+def write_atomically(path, fill, suffix: str = ".tmp", durable: bool = True) -> str:
+    """``fill(f)`` writes the content into a binary file object; it becomes ``path`` only once complete, with
+    the permissions a plain ``open(path, "w")`` would give it (0666 less the umask). The temporary file is
+    ``.NAME.HOST-PID.XXXX`` + ``suffix`` beside ``path``; those of dead writers of ``path`` are removed first.
     ``durable``: fsync the file and its directory (False for scratch files that no later run reads)."""
     path = os.fspath(path)
     d = os.path.dirname(os.path.abspath(path)) or "."
-    fd, tmp = tempfile.mkstemp(prefix=prefix or "." + os.path.basename(path) + ".", suffix=suffix, dir=d)
+    stem = "." + os.path.basename(path) + "."
+    _remove_stale(d, stem, suffix)
+    fd, tmp = tempfile.mkstemp(prefix=f"{stem}{socket.gethostname()}-{os.getpid()}.", suffix=suffix, dir=d)
     try:
+        os.fchmod(fd, 0o666 & ~_umask())
         with os.fdopen(fd, "wb") as f:
             fill(f)
             if durable:

@@ -98,7 +98,7 @@ class Model:
         arrays["meta"] = np.frombuffer(json.dumps(meta, default=json_default).encode(), dtype=np.uint8)
         from pipeline.atomic import write_atomically
 
-        write_atomically(path, lambda f: _savez(f, arrays), prefix=".model-", suffix=".npz")
+        write_atomically(path, lambda f: _savez(f, arrays), suffix=".npz")
         return path
 
 

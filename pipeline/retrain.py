@@ -612,7 +612,9 @@ def _train(cfg: JobConfig, reg, run, st, train_keys, production, clients, say):
     if paths is None and production is not None and production.algorithm == algo and production.meta.get("paths") \
             and production.meta["paths"] <= len(train_keys):
         paths = production.meta["paths"]  # same paths as production: its optimiser state resumes exactly
-    paths = int(paths or max(1, min(n_workers, len(train_keys))))
+    from pipeline.algorithms import default_paths
+
+    paths = int(paths or default_paths(algo, n_workers, len(train_keys)))
     ckpt = os.path.join(reg.run_dir(run), "checkpoint.npz")
     done = 0
     model = None

@@ -50,3 +50,43 @@ def test_loading_without_state_gives_the_same_weights_and_reads_no_state_array(t
     assert lean.states is None and lean.gstate is None
     assert lean.n_features == full.n_features and lean.bias == full.bias and lean.meta == full.meta
     assert np.array_equal(lean.coef_indices, full.coef_indices) and np.array_equal(lean.coef_values, full.coef_values)
+
+
+KILLED_SAVE = """
+import sys, time
+from pipeline.atomic import write_atomically
+def fill(f):
+    f.write(b"part of a model")
+    f.flush()
+    open(sys.argv[2], "w").close()
+    time.sleep(60)
+write_atomically(sys.argv[1], fill, suffix=".npz")
+"""
+
+
+def test_a_saved_model_has_the_umask_permissions_and_a_killed_save_leaves_nothing_behind(tmp_path):
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    m = Model.from_dense(np.array([0.0, 1.5, 0.0]), 0.25)
+    old = os.umask(0o022)
+    try:
+        m.save(tmp_path / "m.npz")
+    finally:
+        os.umask(old)
+    assert os.stat(tmp_path / "m.npz").st_mode & 0o777 == 0o644  # readable by a serving process of another user
+    ready = tmp_path / "ready"
+    proc = subprocess.Popen([sys.executable, "-c", KILLED_SAVE, str(tmp_path / "m.npz"), str(ready)])
+    deadline = time.time() + 60
+    while not ready.exists() and time.time() < deadline:
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    left = [p.name for p in tmp_path.iterdir() if p.name.startswith(".m.npz.")]
+    assert len(left) == 1 and str(proc.pid) in left[0]  # the dead writer's part
+    m.save(tmp_path / "m.npz")  # the next save of that file removes it
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.npz", "ready"]
+    assert np.array_equal(load_model(tmp_path / "m.npz").coef_values, [1.5])

@@ -129,3 +129,12 @@ def test_a_config_is_refused_naming_the_file_and_the_cause(store, tmp_path, text
 def test_a_bad_value_is_a_usage_error_before_any_work(store, tmp_path, args, cause):
     r = run("train", store, "--out", tmp_path / "m.npz", *args)
     assert r.exit_code == 2 and cause in r.output, r.output
+
+
+def test_default_paths_respect_the_algorithm(store, tmp_path):
+    from pipeline.algorithms import default_paths
+
+    assert default_paths("scd", 16, 40) == 1 and default_paths("tg", 16, 40) == 16 and default_paths("tg", 16, 3) == 3
+    r = run("train", store, "--algo", "scd", "--passes", "1", "--out", tmp_path / "m.npz")  # no --paths
+    assert r.exit_code == 0, r.output
+    assert load_model(tmp_path / "m.npz").meta["paths"] == 1

@@ -36,6 +36,14 @@ def params_class(name: str):
     return getattr(importlib.import_module(mod), params)
 
 
+def default_paths(name: str, workers: int, blocks: int) -> int:
+    """Paths when none are asked for: one per worker, at most one per training block and at most the algorithm's
+    ``max_paths`` (SCD: 1)."""
+    mod, cls, _ = ALGORITHMS[name]
+    cap = getattr(getattr(importlib.import_module(mod), cls), "max_paths", None) or workers
+    return max(1, min(workers, blocks, cap))
+
+
 def registry() -> dict:
     out = {}
     for name, (mod, cls, params) in ALGORITHMS.items():

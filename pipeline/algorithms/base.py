@@ -166,6 +166,8 @@ class Algorithm:
     name = "base"
     path_mode = "split"
     Params: Any = None
+    #: most paths the algorithm runs (None: any number)
+    max_paths: int | None = None
     #: state keys identical on every path after ``apply`` (saved once in the model, not per path)
     shared_keys: tuple = ()
     #: bytes per feature a stage-end merge holds on the worker that combines two paths' summaries (a memory

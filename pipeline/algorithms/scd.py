@@ -135,6 +135,7 @@ class SCD(Algorithm):
     path_mode = "split"
     Params = SCDParams
     feature_keys = ("w",)
+    max_paths = 1
 
     def init_path(self, n_features, path):
         if path > 0:
