@@ -112,6 +112,21 @@ def fail(msg: str, code: int = 1):
     raise typer.Exit(code)
 
 
+def check_output(path, what: str = "output file") -> None:
+    """Before any work: ``path`` can be written (its directory exists and is writable; it is not a directory),
+    else exit 1 naming it, instead of failing after an hour of training."""
+    import os
+
+    p = os.path.abspath(os.path.expanduser(str(path)))
+    parent = os.path.dirname(p)
+    if os.path.isdir(p):
+        fail(f"{path}: is a directory; give the {what}'s file name")
+    if not os.path.isdir(parent):
+        fail(f"{path}: the directory {parent} does not exist")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        fail(f"{path}: cannot write the {what} in {parent} (permission denied)")
+
+
 def json_line(obj) -> str:
     """``obj`` as one line of JSON (numpy values and non-finite floats handled as in :func:`emit_json`)."""
     from pipeline.model import json_default

@@ -6,7 +6,7 @@ from typing import List, Optional
 
 import typer
 
-from cli.app import Progress, app, emit_json, fail, run_reporting, user_errors
+from cli.app import Progress, app, check_output, emit_json, fail, run_reporting, user_errors
 
 @app.command()
 def ingest(
@@ -106,6 +106,7 @@ def synth(
     """Write webspam-like LIBSVM text: Zipf feature frequencies, normalised rows, ~60% positive."""
     from pipeline.synth import synth as run_synth
 
+    check_output(out, "LIBSVM")
     bar = Progress("synth", rows, "rows")
     s = run_reporting(bar, lambda: run_synth(str(out), rows=rows, features=features, nnz_per_row=nnz_per_row,
                                              seed=seed, progress=lambda b, r: bar.update(r, f"{b / 1e6:,.0f} MB"),

@@ -7,7 +7,8 @@ from typing import Optional
 
 import typer
 
-from cli.app import Progress, app, apply_verify, emit_json, fail, json_line, no_verify_option, user_errors
+from cli.app import (Progress, app, apply_verify, check_output, emit_json, fail, json_line, no_verify_option,
+                     user_errors)
 from cli.train_options import RUN_KEYS, SWITCHES, TrainingOptions, read_config, training_options  # noqa: F401
 
 
@@ -84,6 +85,9 @@ def train(
     name, opts, run = t.name, t.hyper, t.run
     if record_path is not None:
         run["record_path"] = record_path
+    check_output(out, "model")
+    if run.get("record_path"):
+        check_output(run["record_path"], "record")
     n_workers = run.get("workers") or default_workers()
     try:
         from pipeline.store.reader import open_store
@@ -267,6 +271,7 @@ def predict(
 ):
     """Scores and predicted labels for every row of INPUT."""
     apply_verify(no_verify)
+    check_output(out, "predictions")
     from pipeline.model import load_model
     from pipeline.predict import predict_to_file
 

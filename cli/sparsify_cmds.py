@@ -7,7 +7,7 @@ from typing import Optional
 
 import typer
 
-from cli.app import app, apply_verify, emit_json, fail, no_verify_option, user_errors
+from cli.app import app, apply_verify, check_output, emit_json, fail, no_verify_option, user_errors
 from cli.model_cmds import refit_option, refit_options
 
 
@@ -30,6 +30,7 @@ def sparsify(
 ):
     """Turn MODEL into a sparse model by randomized sparsification; records what it did in the model's meta."""
     apply_verify(no_verify)
+    check_output(out, "model")
     from pipeline.model import load_model
     from pipeline.sparsify import sparsify_model
 
@@ -73,6 +74,7 @@ def refit(
     """Refit MODEL on its own support over STORE's training blocks (what `train --refit` does after training):
     the exact elastic-net solve on S, then holdout metrics. The input model is not changed."""
     apply_verify(no_verify)
+    check_output(out, "model")
     import numpy as np
 
     from pipeline.cluster import dask_client

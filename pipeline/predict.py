@@ -11,10 +11,12 @@ CHUNK = 32 << 20
 
 
 def _rows_of_text(path: str, zero_based: bool):
+    """CSR chunks of the LIBSVM text ``path`` (compressed as `ingest` reads it: .gz .bz2 .xz .zst, URLs)."""
     from pipeline.formats import libsvm  # numba: a store's rows are scored without it
+    from pipeline.ingest import _open, compression_of
 
     line0 = 0
-    with open(path, "rb") as f:
+    with _open(path, compression_of(path)) as f:
         for buf in libsvm.line_chunks(f, CHUNK):
             p = libsvm.parse_buffer(buf, zero_based=zero_based)
             if p.errors:
@@ -33,7 +35,9 @@ def predict_to_file(model, input_path: str, out_path: str, zero_based: bool = Fa
         st.expect_reads(st.entries("all"))
         mats = ((b.indptr, b.indices, b.data) for b in st.blocks("all"))
     else:
-        if os.path.isfile(input_path) and os.path.getsize(input_path) == 0:
+        from pipeline.ingest import file_size
+
+        if file_size(input_path) == 0:  # a missing or unreadable file: an error naming it
             raise ValueError(f"{input_path}: empty input (0 bytes); nothing to predict")
         mats = _rows_of_text(input_path, zero_based)
     w = model.dense_weights()  # once, not per block; columns beyond the model count 0 (as decision_function)

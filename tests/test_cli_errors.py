@@ -208,3 +208,22 @@ def test_unreadable_inputs_without_root_file_access(base, tmp_path):
     assert_clean(run("train", base / "st.zarr", "--out", tmp_path / "m.npz", "--config", cfg), "secret.toml",
                  "not readable", code=2)
     assert sorted(os.listdir(tmp_path)) == ["secret.npz", "secret.svm", "secret.toml"]
+
+
+def test_outputs_are_checked_before_any_work(tmp_path):
+    """A model, prediction or synth output that cannot be written is an error naming it before the command
+    trains or generates anything (not after an hour of training)."""
+    import subprocess
+    import sys
+
+    def cli(*args):
+        return subprocess.run([sys.executable, "-m", "cli.main", *map(str, args)], capture_output=True, text=True)
+
+    for args, cause in [(["train", tmp_path / "none.zarr", "--out", tmp_path / "no" / "m.npz"], "does not exist"),
+                        (["train", tmp_path / "none.zarr", "--out", tmp_path], "is a directory"),
+                        (["synth", tmp_path / "no" / "x.svm", "--rows", "5"], "does not exist"),
+                        (["predict", tmp_path / "m.npz", tmp_path / "x.svm", "--out", tmp_path / "no" / "p.txt"],
+                         "does not exist")]:
+        r = cli(*args)
+        assert r.returncode == 1 and cause in r.stderr and "Traceback" not in r.stderr, r.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == []

@@ -184,3 +184,20 @@ def test_shuffle_window_visits_every_row_once_and_fixes_label_sorted_files(tmp_p
         assert m.meta["provenance"]["timing"]["nnz_processed"] == 4 * train_nnz
         errs[w] = m.meta["holdout"]["error"]
     assert errs[8] < errs[1]
+
+
+def test_predict_reads_compressed_text_as_ingest_does(tmp_path):
+    import gzip
+
+    from pipeline.predict import predict_to_file
+
+    text = "".join(f"{'+1' if i % 3 else '-1'} {i % 7 + 1}:0.5 {i % 11 + 8}:-1.25\n" for i in range(200))
+    (tmp_path / "x.svm").write_text(text)
+    with gzip.open(tmp_path / "x.svm.gz", "wt") as f:
+        f.write(text)
+    from pipeline.model import Model
+
+    m = Model.from_dense(np.linspace(-1, 1, 20), 0.1)
+    assert predict_to_file(m, str(tmp_path / "x.svm.gz"), str(tmp_path / "gz.txt")) == 200
+    predict_to_file(m, str(tmp_path / "x.svm"), str(tmp_path / "plain.txt"))
+    assert (tmp_path / "gz.txt").read_text() == (tmp_path / "plain.txt").read_text()
