@@ -133,6 +133,9 @@ def train(
                                             refit_select),
                         blocks=_window(str(store), run.get("generations", 0)))
         bar.close()
+        if model.meta["provenance"].get("after_stop"):
+            typer.echo(f"note: {init_model}'s training had ended by {name}'s stopping rule, so it is final; this "
+                       f"run warm-started from its weights instead of resuming it", err=True)
         model.save(out)
         if run.get("record_path"):
             _write_record(Path(run["record_path"]), model.meta["history"])

@@ -85,8 +85,8 @@ OPTIONS = [
     Opt("evaluate_every", Optional[int], "Evaluate on the holdout every N stages.", kind="run", min=1),
     Opt("shuffle_window", Optional[int], "Shuffle rows across this many consecutive blocks of a path's order "
         "(default 4; guards against label-sorted inputs).", kind="run", min=1),
-    Opt("stage_blocks", Optional[int], "Multi-path algorithms: blocks per path per stage (0 = the algorithm's "
-        "own stage length).", kind="run", min=0),
+    Opt("stage_blocks", Optional[int], "Multi-path algorithms: blocks per path per stage, rounded up to whole "
+        "shuffle windows (0 = the algorithm's own stage length).", kind="run", min=0),
     Opt("generations", Optional[int], "Train on the blocks of the newest N generations (ingests/appends) only "
         "(0 = all, the default); the holdout is then their holdout blocks.", kind="run", min=0),
     Opt("no_informative", bool, "STSGD ablation: truncate only the burst's touched coordinates by g0·K.",

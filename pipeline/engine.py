@@ -315,7 +315,12 @@ def advance_task(algo: Algorithm, state: dict, data: DataRef, spec: RunSpec, pat
         if cur[2] >= y.shape[0]:  # (rows may be cut by max_rows)
             cur[1] += 1
             cur[2] = 0
-            blocks_done += 1
+            blocks_done += group.shape[0]
+            if cur[1] * W >= order.shape[0]:  # the pass is over: the cursor says so now, so a stage that ends
+                cur[0] += 1  # here (--stage-blocks) is not followed by an empty one at the run's end
+                cur[1] = 0
+                if algo.path_mode == "split":
+                    break
         if stage_done or (spec.stage_blocks and blocks_done >= spec.stage_blocks):
             break
     indptr = indices = data_ = y = rows = sel = read = None  # the last block group: not held through the summary

@@ -622,6 +622,8 @@ def _train(cfg: JobConfig, reg, run, st, train_keys, production, clients, say):
         try:
             model = load_model(ckpt)
             done = int(model.meta.get("retrain", {}).get("passes_done", 0))
+            if model.meta.get("stopped"):  # the run's training ended there (as the uninterrupted run's did)
+                done = passes
         except ModelError:
             model, done = None, 0  # unreadable: start the run's training again
     warm_from = production.meta.get("registry_version") if production is not None else None
@@ -654,7 +656,7 @@ def _train(cfg: JobConfig, reg, run, st, train_keys, production, clients, say):
         model = m
         say("train", f"pass {k + 1}/{passes} checkpointed")
         fault("after_checkpoint")
-        if m.meta.get("stopped") == "max_density":
+        if m.meta.get("stopped"):  # --max-density, or the algorithm's own stopping rule: the run's model
             break
     if model is None:
         raise JobError("training produced no model")

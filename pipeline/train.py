@@ -18,8 +18,10 @@ def fit(store_path: str, algo: str = DEFAULT_ALGO, options: dict | None = None, 
 
     With ``init_model`` of the same algorithm, hyper-parameters and number of paths, training resumes
     exactly where it stopped ("2 passes + 3 passes" equals "5 passes"); otherwise its weights warm-start
-    every path. ``blocks`` (block keys, e.g. :func:`pipeline.store.reader.Store.window`) restricts training
-    to those blocks; None: all training blocks.
+    every path. A model whose own stopping rule ended its training (``meta["stopped"] == "rule"``: STSGD's
+    tolerance, two-stage's epochs) is final: it too only warm-starts a new run (``provenance["after_stop"]``).
+    ``blocks`` (block keys, e.g. :func:`pipeline.store.reader.Store.window`) restricts training to those blocks;
+    None: all training blocks.
     ``refit`` (a dict of :func:`pipeline.refit.refit` keywords: l2, max_iter, loss, tol; ``{}`` for the
     defaults) refits the selected support with an L2 penalty; the holdout metrics are then the refitted
     model's (the sparse model's are kept in ``meta['refit']['holdout_before']``).
@@ -33,12 +35,14 @@ def fit(store_path: str, algo: str = DEFAULT_ALGO, options: dict | None = None, 
     st = open_store(store_path)
     calibrate(algorithm, st)  # before the resume check: resolved values are part of hyper()
     init_states = init_gstate = warm = None
-    resumed = False
+    resumed = after_stop = False
     if init_model is not None:
         same = (init_model.algorithm == algo and _same_hyper(init_model.meta.get("hyper"), algorithm)
                 and init_model.states is not None and len(init_model.states) == paths
                 and init_model.meta.get("seed") == seed
                 and init_model.meta.get("shuffle_window", 4) == shuffle_window)
+        after_stop = same and init_model.gstate is not None and algorithm.finished(init_model.gstate)
+        same = same and not after_stop
         if same:
             init_states, init_gstate, resumed = init_model.states, init_model.gstate, True
         else:
@@ -54,12 +58,14 @@ def fit(store_path: str, algo: str = DEFAULT_ALGO, options: dict | None = None, 
         "algorithm": algo, "hyper": _jsonable(algorithm.hyper()), "shared_keys": list(algorithm.shared_keys),
         "seed": seed, "paths": paths, "passes": total_passes, "label_kind": st.label_kind,
         "max_density": max_density, "shuffle_window": shuffle_window,
-        "stopped": next((h["stopped"] for h in res.history if "stopped" in h), None),
+        "stopped": next((h["stopped"] for h in res.history if "stopped" in h), None)
+        or ("rule" if algorithm.finished(res.gstate) else None),
         "provenance": {"store": st.path, "store_id": st.manifest["store_id"],
                        "manifest_version": st.manifest["manifest_version"], "n_rows": st.n_rows,
                        "blocks": sorted(blocks) if blocks is not None else None,
                        "init_model": init_model.meta.get("path") if init_model is not None else None,
-                       "resumed": resumed, "seconds": round(time.time() - t0, 3), "timing": res.timing,
+                       "resumed": resumed, "after_stop": after_stop,
+                       "seconds": round(time.time() - t0, 3), "timing": res.timing,
                        "trained_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")},
         "history": _jsonable(res.history),
         "holdout": _jsonable(last.get("holdout")),

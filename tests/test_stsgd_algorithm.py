@@ -82,8 +82,27 @@ def test_two_passes_saved_and_resumed_for_three_equals_five(extra, store, tmp_pa
     assert set(full.states[1]) == set(resumed.states[1]) >= {"w_idx", "w_val", "alive", "istate", "acc", "ctrl"}
     for k in full.states[1]:
         assert np.array_equal(full.states[1][k], resumed.states[1][k]), k
-    for k in ("beta", "g0", "K", "n_alive", "carry_idx"):
-        assert np.array_equal(np.asarray(full.gstate[k]), np.asarray(resumed.gstate[k]))
+    for k in ("beta", "g0", "K", "n_alive", "carry_idx", "stage"):  # stage: no empty stage at a pass's end
+        assert np.array_equal(np.asarray(full.gstate[k]), np.asarray(resumed.gstate[k])), k
+    assert len(full.meta["history"]) == len(part.meta["history"]) + len(resumed.meta["history"])
+
+
+def test_a_run_its_stopping_rule_ended_is_final_and_a_later_run_only_warm_starts(store, tmp_path):
+    """STSGD's tolerance rule ends the run: more passes asked give the same model, and a model it ended is not
+    resumed (which would add a stage the uninterrupted run never ran) but warm-starts a new run."""
+    opts = {**OPTS, "n_K": 0, "tol": 0.1}  # a stage is a pass: the rule ends the run at a pass's end
+    longer = fit(store, "stsgd", opts, passes=8, paths=2, seed=3)
+    k = longer.meta["passes"]
+    assert longer.meta["stopped"] == "rule" and k < 8
+    ended = fit(store, "stsgd", opts, passes=k, paths=2, seed=3)
+    assert ended.meta["stopped"] == "rule" and same(ended, longer)
+    ended.save(tmp_path / "m.npz")
+    again = fit(store, "stsgd", opts, passes=2, paths=2, seed=3, init_model=load_model(tmp_path / "m.npz"))
+    prov = again.meta["provenance"]
+    assert prov["after_stop"] and not prov["resumed"]
+    before = fit(store, "stsgd", opts, passes=k - 1, paths=2, seed=3)
+    assert before.meta["stopped"] is None
+    assert not fit(store, "stsgd", opts, passes=1, paths=2, seed=3, init_model=before).meta["provenance"]["after_stop"]
 
 
 def test_split_paths_read_each_pass_once_and_full_paths_each_read_it_all(store):
