@@ -133,6 +133,10 @@ def train(
                                             refit_select),
                         blocks=_window(str(store), run.get("generations", 0)))
         bar.close()
+        if model.meta.get("stopped") == "diverged":
+            fail(f"--algo {name} diverged in pass {model.meta['passes'] + 1}: its weights overflowed, so the model "
+                 f"is not saved; a smaller step keeps them finite (`sparsepipe algorithms {name}` lists its step "
+                 f"parameters)")
         if model.meta["provenance"].get("after_stop"):
             typer.echo(f"note: {init_model}'s training had ended by {name}'s stopping rule, so it is final; this "
                        f"run warm-started from its weights instead of resuming it", err=True)

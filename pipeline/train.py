@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import time
 
+import numpy as np
+
 from pipeline.algorithms import DEFAULT_ALGO, make_algorithm
 from pipeline.model import Model
 from pipeline.store.readlock import reads_store
@@ -58,7 +60,9 @@ def fit(store_path: str, algo: str = DEFAULT_ALGO, options: dict | None = None, 
         "algorithm": algo, "hyper": _jsonable(algorithm.hyper()), "shared_keys": list(algorithm.shared_keys),
         "seed": seed, "paths": paths, "passes": total_passes, "label_kind": st.label_kind,
         "max_density": max_density, "shuffle_window": shuffle_window,
-        "stopped": next((h["stopped"] for h in res.history if "stopped" in h), None)
+        "stopped": ("diverged" if algorithm.diverged(res.gstate) or not np.all(np.isfinite(res.w))
+                    or not np.isfinite(res.bias) else None)
+        or next((h["stopped"] for h in res.history if "stopped" in h), None)
         or ("rule" if algorithm.finished(res.gstate) else None),
         "provenance": {"store": st.path, "store_id": st.manifest["store_id"],
                        "manifest_version": st.manifest["manifest_version"], "n_rows": st.n_rows,

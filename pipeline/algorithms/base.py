@@ -260,5 +260,9 @@ class Algorithm:
         """An algorithm-level stopping rule (e.g. STSGD's convergence, a density bound)."""
         return False
 
+    def diverged(self, gstate: dict) -> bool:
+        """The run stopped because its iterates overflowed (GraDes' ψ); non-finite weights count too (fit)."""
+        return False
+
     def hyper(self) -> dict:
         return dataclasses.asdict(self.params)

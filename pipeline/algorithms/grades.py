@@ -84,6 +84,9 @@ class GraDes(Algorithm):
         return {**state, "w": decision["w"], "g": np.zeros_like(state["g"]), "fstate": np.zeros(1)}
 
     def finished(self, gstate):
+        return self.diverged(gstate)
+
+    def diverged(self, gstate):
         psi = np.asarray(gstate.get("psi", np.zeros(0)))
         return bool(psi.size and not np.isfinite(psi[-1]))
 
