@@ -83,7 +83,8 @@ def metrics_from_partial(part: dict, kind: str = "binary") -> dict:
         return {"n_rows": n, "rmse": float(np.sqrt(np.mean(r * r))), "mae": float(np.mean(np.abs(r)))}
     m = y * f
     logloss = np.maximum(-m, 0.0) + np.log1p(np.exp(-np.abs(m)))
-    return {"n_rows": n, "error": float(np.mean(m <= 0)), "auc": auc(f, y), "logloss": float(np.mean(logloss)),
+    # error: the labels `predict` writes (+1 where f > 0, else -1) against y; a score of exactly 0 is -1 there
+    return {"n_rows": n, "error": float(np.mean(np.where(f > 0, 1.0, -1.0) != y)), "auc": auc(f, y), "logloss": float(np.mean(logloss)),
             "hinge": float(np.mean(np.maximum(0.0, 1.0 - m))),
             "positive_fraction": float(np.mean(y > 0))}
 

@@ -35,6 +35,10 @@ def fit(store_path: str, algo: str = DEFAULT_ALGO, options: dict | None = None, 
 
     algorithm = make_algorithm(algo, dict(options or {}))
     st = open_store(store_path)
+    loss = getattr(algorithm.params, "loss", None)
+    if st.label_kind == "regression" and loss in ("logistic", "hinge"):
+        raise ValueError(f"{store_path}: its labels are real numbers (regression); --algo {algo} with {loss} loss "
+                         f"needs binary labels: use --loss squared")
     calibrate(algorithm, st)  # before the resume check: resolved values are part of hyper()
     init_states = init_gstate = warm = None
     resumed = after_stop = False

@@ -227,3 +227,11 @@ def test_outputs_are_checked_before_any_work(tmp_path):
         r = cli(*args)
         assert r.returncode == 1 and cause in r.stderr and "Traceback" not in r.stderr, r.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+def test_workers_and_scheduler_together_are_refused(tmp_path):
+    from pipeline.cluster import dask_client
+
+    with pytest.raises(ValueError, match=r"--workers 2 and --scheduler tcp://127.0.0.1:1: give one"):
+        with dask_client(2, "tcp://127.0.0.1:1"):
+            pass

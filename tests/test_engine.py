@@ -201,3 +201,19 @@ def test_predict_reads_compressed_text_as_ingest_does(tmp_path):
     assert predict_to_file(m, str(tmp_path / "x.svm.gz"), str(tmp_path / "gz.txt")) == 200
     predict_to_file(m, str(tmp_path / "x.svm"), str(tmp_path / "plain.txt"))
     assert (tmp_path / "gz.txt").read_text() == (tmp_path / "plain.txt").read_text()
+
+
+def test_evaluate_counts_the_labels_predict_writes(store, tmp_path):
+    """A score of exactly 0 is label -1 for predict, so evaluate's error is predict's: an all-zero model's error is
+    the positive fraction (y·f <= 0 would call every row an error)."""
+    from pipeline.evaluate import evaluate_store
+    from pipeline.model import Model
+    from pipeline.predict import predict_to_file
+
+    st = open_store(store)
+    zero = Model.from_dense(np.zeros(st.n_features), 0.0)
+    res = evaluate_store(zero, store, "all")
+    predict_to_file(zero, store, str(tmp_path / "p.txt"))
+    pred = np.loadtxt(tmp_path / "p.txt")[:, 0]
+    y = np.concatenate([b.y for b in st.blocks("all")])
+    assert res["error"] == np.mean(pred != y) == np.mean(y > 0) and 0 < res["error"] < 1

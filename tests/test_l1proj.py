@@ -75,6 +75,9 @@ def test_regression_store_squared_loss(tmp_path, client):
     Z = 0.5 * float(np.abs(truth["w"]).sum())
     m = fit(store, "l1proj", {"radius": Z, "eta": 0.05, "loss": "squared"}, passes=2, paths=1, client=None)
     assert np.abs(m.coef_values).sum() <= Z and "rmse" in m.meta["holdout"]
+    with pytest.raises(ValueError, match=r"labels are real numbers \(regression\); --algo tg with logistic loss "
+                                         r"needs binary labels: use --loss squared"):
+        fit(store, "tg", {}, passes=1, paths=1, client=None)
 
 
 def test_params_validated():
