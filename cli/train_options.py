@@ -194,10 +194,6 @@ def _hyper_types(name: str) -> dict:
     return param_types(name)
 
 
-def hyper_names(name: str) -> set:
-    return set(_hyper_types(name))
-
-
 def read_config(path: Path | None) -> dict:
     """Flat TOML (or a [train] table) whose keys are option names (dashes or underscores)."""
     if path is None:

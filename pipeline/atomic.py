@@ -37,9 +37,13 @@ def _umask() -> int:
     return 0o022
 
 
+def _host() -> str:
+    return socket.gethostname().replace(".", "_")
+
+
 def _remove_stale(d: str, stem: str, suffix: str) -> None:
     """Temporary files of ``stem`` left by writers on this host that died (kill -9) before their rename."""
-    host = socket.gethostname()
+    host = _host()
     for name in os.listdir(d):
         if not (name.startswith(stem) and name.endswith(suffix)):
             continue
@@ -65,7 +69,7 @@ def write_atomically(path, fill, suffix: str = ".tmp", durable: bool = True) -> 
     d = os.path.dirname(os.path.abspath(path)) or "."
     stem = "." + os.path.basename(path) + "."
     _remove_stale(d, stem, suffix)
-    fd, tmp = tempfile.mkstemp(prefix=f"{stem}{socket.gethostname()}-{os.getpid()}.", suffix=suffix, dir=d)
+    fd, tmp = tempfile.mkstemp(prefix=f"{stem}{_host()}-{os.getpid()}.", suffix=suffix, dir=d)
     try:
         os.fchmod(fd, 0o666 & ~_umask())
         with os.fdopen(fd, "wb") as f:

@@ -160,9 +160,9 @@ def load_job(path=None, overrides: dict | None = None) -> JobConfig:
         """The table ``name`` as the dataclass ``cls``: known keys of its fields' types, and its own checks."""
         t = table(name, {f.name for f in dataclasses.fields(cls)})
         for f in dataclasses.fields(cls):
-            typ = {"float": float, "int": int, "bool": bool, "str": str}[str(f.type).split(" ")[0]]
+            typ = {"float": float, "int": int, "bool": bool, "str": str}.get(str(f.type).split(" ")[0], object)
             if f.name in t and not type_ok(t[f.name], typ):
-                raise ValueError(f"{src}: {name}.{f.name} must be {WANT[typ]}, got {t[f.name]!r}")
+                raise ValueError(f"{src}: {name}.{f.name} must be {WANT.get(typ, 'a value')}, got {t[f.name]!r}")
         try:
             return cls(**t)
         except ValueError as e:
