@@ -428,3 +428,26 @@ def test_a_bad_train_value_is_refused_before_the_store_changes(base2, days, tmp_
     assert not os.path.exists(os.path.join(d, "models", "runs")) or not any(
         json.load(open(os.path.join(d, "models", "runs", r_, "state.json"))).get("status") == "running"
         for r_ in os.listdir(os.path.join(d, "models", "runs")))
+
+
+def test_the_nightly_training_stops_where_its_algorithm_stops(days, tmp_path):
+    """The job trains pass by pass from checkpoints; when the algorithm's own stopping rule ends the run (STSGD's
+    tol), that pass is the night's last: the candidate is the model one uninterrupted fit gives."""
+    from pipeline.store.reader import open_store
+    from pipeline.train import fit
+
+    d = str(tmp_path / "n")
+    os.makedirs(d)
+    p = os.path.join(d, "job.toml")
+    with open(p, "w") as f:
+        f.write(f'store = "{d}/store.zarr"\nregistry = "{d}/models"\n[train]\nalgo = "stsgd"\npasses = 6\n'
+                f'workers = 0\nn_K = 0\ntol = 0.3\n[refit]\nenabled = false\n[ingest]\nblock_mb = 0.1\n'
+                f'holdout = 0.2\n')
+    code, res = run_job(load_job(p), [days[1]])
+    assert code == EXIT_OK
+    st = open_store(f"{d}/store.zarr")
+    one = fit(st.path, "stsgd", {"n_K": 0, "tol": 0.3}, passes=6, paths=1, evaluate=False, blocks=st.keys("train"))
+    assert one.meta["stopped"] == "rule" and one.meta["passes"] < 6
+    cand = load_model(open_registry(f"{d}/models").model_file(res["candidate"]["version"]))
+    assert cand.meta["retrain"]["passes_done"] == one.meta["passes"] and cand.meta["stopped"] == "rule"
+    assert np.array_equal(cand.coef_indices, one.coef_indices) and np.array_equal(cand.coef_values, one.coef_values)
