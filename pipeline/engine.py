@@ -774,6 +774,9 @@ def train(store_path: str, algo: Algorithm, *, passes: int, paths: int, seed: in
             states = [init_task(algo, p, m, warm) for m in range(paths)]
     if shuffle_window < 1:
         raise ValueError(f"shuffle_window must be >= 1, got {shuffle_window}")
+    if stage_blocks and not algo.stage_blocks_allowed:
+        raise ValueError(f"--stage-blocks: --algo {algo.name} runs whole passes (its stage end needs every row "
+                         f"of the pass); leave it at 0")
     spec = RunSpec(seed=seed, n_paths=paths, end_pass=start_pass + passes, stage_blocks=stage_blocks,
                    max_density=max_density, window=shuffle_window, verify_until=verify_until)
     t0 = time.time()

@@ -143,6 +143,9 @@ def load_model(path, state: bool = True) -> Model:
     except Exception as e:  # noqa: BLE001  zipfile, zlib, EOF, JSON, numpy format errors: all a bad file
         if os.path.isfile(path) and os.path.getsize(path) == 0:
             raise ModelError(f"{path}: not a sparsepipe model (an empty file)") from None
+        if isinstance(e, ValueError) and "Object arrays" in str(e):  # an .npz with a pickled member
+            raise ModelError(f"{path}: not a sparsepipe model (it holds a pickled object array, which sparsepipe "
+                             f"never reads)") from None
         if isinstance(e, ValueError) and "pickle" in str(e):  # np.load's words for "no .npy/.npz magic"
             raise ModelError(f"{path}: not a sparsepipe model (not an .npz archive)") from None
         raise ModelError(f"{path}: not a sparsepipe model, or a truncated or corrupt one ({type(e).__name__}: "

@@ -306,3 +306,8 @@ def test_options_are_validated():
             make_algorithm(algo, bad)
     with pytest.raises(ValueError, match="one path"):
         make_algorithm("scd", {}).init_path(10, 1)
+
+
+def test_scd_refuses_stage_blocks(store):  # noqa: F811
+    with pytest.raises(ValueError, match=r"--stage-blocks: --algo scd runs whole passes"):
+        fit(store, "scd", {}, passes=1, paths=1, stage_blocks=1)

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 
+import numpy as np
 import pytest
 
 from pipeline.store import format as fmt
@@ -57,6 +58,7 @@ def test_every_bad_input_is_one_clean_line(base, tmp_path):
     (tmp_path / "empty.npz").write_bytes(b"")
     (tmp_path / "text.npz").write_text("hello\n")
     (tmp_path / "trunc.npz").write_bytes(model.read_bytes()[:2000])
+    np.savez(tmp_path / "obj.npz", meta=np.array([{"format": "sparsepipe-model"}], dtype=object))  # pickled member
     (tmp_path / "trunc.svm.gz").write_bytes(gzip.compress(svm.read_bytes())[:5000])
     (tmp_path / "wrong.toml").write_text('passes = "five"\n')
     (tmp_path / "wrong2.toml").write_text('eta = true\n')
@@ -78,6 +80,7 @@ def test_every_bad_input_is_one_clean_line(base, tmp_path):
         (("evaluate", t / "trunc.npz", st), ["trunc.npz", "truncated or corrupt"], 1),
         (("evaluate", t / "empty.npz", st), ["empty.npz", "empty file"], 1),
         (("evaluate", t / "text.npz", st), ["text.npz", "not a sparsepipe model"], 1),
+        (("evaluate", t / "obj.npz", st), ["obj.npz", "pickled object array"], 1),
         (("evaluate", t / "adir", st), ["adir", "is a directory"], 1),
         (("evaluate", t / "nope.npz", st), ["nope.npz", "no such model"], 1),
         (("evaluate", model, t / "adir"), ["adir", "not a sparsepipe store"], 1),

@@ -168,6 +168,8 @@ class Algorithm:
     Params: Any = None
     #: most paths the algorithm runs (None: any number)
     max_paths: int | None = None
+    #: whether a stage may be cut after --stage-blocks blocks (SCD's coordinate scan needs a whole pass's rows)
+    stage_blocks_allowed: bool = True
     #: state keys identical on every path after ``apply`` (saved once in the model, not per path)
     shared_keys: tuple = ()
     #: bytes per feature a stage-end merge holds on the worker that combines two paths' summaries (a memory

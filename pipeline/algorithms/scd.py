@@ -136,6 +136,7 @@ class SCD(Algorithm):
     Params = SCDParams
     feature_keys = ("w",)
     max_paths = 1
+    stage_blocks_allowed = False
 
     def init_path(self, n_features, path):
         if path > 0:
