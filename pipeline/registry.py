@@ -53,21 +53,31 @@ def atomic_write_json(path: str, obj) -> None:
     atomic_write(path, (json.dumps(obj, indent=1, sort_keys=True) + "\n").encode())
 
 
-def read_jsonl(path: str) -> list[dict]:
-    """Records of a JSON-lines file; a torn last line (a process killed while appending) is skipped."""
+def read_jsonl(path: str, required: tuple = ()) -> list[dict]:
+    """Records of a JSON-lines file; a torn last line (a process killed while appending) is skipped. Any other
+    line that does not parse, or a record without the ``required`` keys, is a RegistryError naming the file and
+    the line: a damaged index must stop the job, not shrink what it lists (retention deletes what is unlisted)."""
     out = []
     try:
         with open(path, encoding="utf-8") as f:
-            for line in f:
-                line = line.strip()
-                if not line:
-                    continue
-                try:
-                    out.append(json.loads(line))
-                except json.JSONDecodeError:
-                    continue
+            lines = f.read().split("\n")
     except FileNotFoundError:
-        pass
+        return out
+    last = max((i for i, ln in enumerate(lines) if ln.strip()), default=-1)
+    for i, line in enumerate(lines):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            if i == last:
+                continue
+            raise RegistryError(f"{path}:{i + 1}: not a JSON record; the file is damaged (restore it from a "
+                                f"backup)") from None
+        if not isinstance(rec, dict) or any(k not in rec for k in required):
+            raise RegistryError(f"{path}:{i + 1}: a record without {', '.join(required) or 'fields'}; the file "
+                                f"is damaged (restore it from a backup)")
+        out.append(rec)
     return out
 
 
@@ -115,7 +125,7 @@ class Registry:
         """Index records, oldest first, each with ``production`` (bool) and ``path`` (absolute)."""
         prod = self.production_version
         out = []
-        for rec in read_jsonl(self.index_path):
+        for rec in self._index():
             rec = dict(rec)
             rec["production"] = rec["version"] == prod
             rec["path"] = os.path.abspath(os.path.join(self.path, rec["file"]))
@@ -132,7 +142,10 @@ class Registry:
         return next((r for r in self.versions() if r.get("run") == run), None)
 
     def next_version(self) -> int:
-        return max([r["version"] for r in read_jsonl(self.index_path)] + [self.meta().get("last_version", 0)]) + 1
+        return max([r["version"] for r in self._index()] + [self.meta().get("last_version", 0)]) + 1
+
+    def _index(self) -> list[dict]:
+        return read_jsonl(self.index_path, ("version", "file"))
 
     def model_file(self, version: int) -> str:
         return os.path.join(self.models_dir, f"v{int(version):06d}.npz")
@@ -152,7 +165,7 @@ class Registry:
         if fault:
             fault("during_promote")
         rec = {**record, "file": os.path.relpath(path, self.path), "created": record.get("created") or now()}
-        records = [r for r in read_jsonl(self.index_path) if r["version"] != version] + [rec]
+        records = [r for r in self._index() if r["version"] != version] + [rec]
         self._write_index(sorted(records, key=lambda r: r["version"]))
         meta = self.meta()
         if meta.get("last_version", 0) < version:
@@ -217,7 +230,7 @@ class Registry:
         The index is rewritten first, then files go: a kill in between leaves unlisted files only."""
         if keep < 1:
             raise ValueError(f"retention keep must be >= 1, got {keep}")
-        records = read_jsonl(self.index_path)
+        records = self._index()
         protect = {self.production_version, self.previous_production}
         newest = {r["version"] for r in sorted(records, key=lambda r: r["version"])[-keep:]}
         gone = [r["version"] for r in records if r["version"] not in newest and r["version"] not in protect]
@@ -231,7 +244,7 @@ class Registry:
                     os.unlink(self.model_file(v))
                 except FileNotFoundError:
                     pass
-        listed = {r["version"] for r in read_jsonl(self.index_path)}
+        listed = {r["version"] for r in self._index()}
         meta = self.meta()
         prev = [v for v in meta.get("previous") or [] if v in listed]
         if prev != (meta.get("previous") or []):
@@ -243,7 +256,11 @@ class Registry:
     def clean_orphans(self) -> list[str]:
         """Remove model files the index does not list (left by a kill during registration or retention)
         and temporary files."""
-        listed = {os.path.basename(r["file"]) for r in read_jsonl(self.index_path)}
+        listed = {os.path.basename(r["file"]) for r in self._index()}
+        prod = self.meta().get("production")  # (a previous version may be unlisted: retention killed midway)
+        if prod is not None and os.path.basename(self.model_file(prod)) not in listed:
+            raise RegistryError(f"{self.index_path}: does not list version {prod}, which {self.meta_path} names as "
+                                f"production; the index is damaged (restore it from a backup); nothing was deleted")
         removed = []
         for name in sorted(os.listdir(self.models_dir)):
             if name not in listed:

@@ -451,3 +451,25 @@ def test_the_nightly_training_stops_where_its_algorithm_stops(days, tmp_path):
     cand = load_model(open_registry(f"{d}/models").model_file(res["candidate"]["version"]))
     assert cand.meta["retrain"]["passes_done"] == one.meta["passes"] and cand.meta["stopped"] == "rule"
     assert np.array_equal(cand.coef_indices, one.coef_indices) and np.array_equal(cand.coef_values, one.coef_values)
+
+
+def test_a_damaged_index_stops_the_job_and_deletes_no_model(base2, days, tmp_path):
+    """index.jsonl that lost the production version's record (cut short) or holds a line that does not parse:
+    the next night stops naming the file, and every model file is still there."""
+    d = _copy(base2[0], tmp_path / "night")
+    reg = os.path.join(d, "models")
+    files = sorted(os.listdir(os.path.join(reg, "models")))
+    index = os.path.join(reg, "index.jsonl")
+    text = open(index).read()
+    lines = text.splitlines()
+    open(index, "w").write("\n".join(lines[:-1]) + "\n" + lines[-1][:20])  # production's record torn
+    r = CliRunner().invoke(app, ["retrain", "--config", os.path.join(d, "job.toml"), "--new", days[3]])
+    assert r.exit_code == 1 and "index.jsonl: does not list version 2" in r.output and "nothing was deleted" in r.output
+    assert sorted(os.listdir(os.path.join(reg, "models"))) == files
+    open(index, "w").write(lines[0][:20] + "\n" + "\n".join(lines[1:]) + "\n")  # a damaged line before others
+    r = CliRunner().invoke(app, ["registry", "list", reg])
+    assert r.exit_code == 1 and "index.jsonl:1: not a JSON record" in r.output
+    open(index, "w").write('{"foo": 1}\n' + text)
+    r = CliRunner().invoke(app, ["registry", "list", reg])
+    assert r.exit_code == 1 and "index.jsonl:1: a record without version, file" in r.output
+    assert sorted(os.listdir(os.path.join(reg, "models"))) == files
