@@ -127,17 +127,31 @@ def check_output(path, what: str = "output file") -> None:
         fail(f"{path}: cannot write the {what} in {parent} (permission denied)")
 
 
+def _strict(o):
+    """``o`` with every non-finite float as null: strict JSON (jq, JSON.parse), where json.dumps writes NaN and
+    Infinity (an AUC on a one-class holdout is undefined)."""
+    import math
+
+    if isinstance(o, dict):
+        return {k: _strict(v) for k, v in o.items()}
+    if isinstance(o, (list, tuple)):
+        return [_strict(v) for v in o]
+    if hasattr(o, "tolist") and hasattr(o, "ndim"):  # numpy arrays and scalars
+        return _strict(o.tolist())
+    return None if isinstance(o, float) and not math.isfinite(o) else o
+
+
 def json_line(obj) -> str:
-    """``obj`` as one line of JSON (numpy values and non-finite floats handled as in :func:`emit_json`)."""
+    """``obj`` as one line of strict JSON (numpy values as in :func:`emit_json`, non-finite floats null)."""
     from pipeline.model import json_default
 
-    return json.dumps(obj, default=json_default, separators=(",", ":"))
+    return json.dumps(_strict(obj), default=json_default, separators=(",", ":"), allow_nan=False)
 
 
 def emit_json(obj) -> None:
     from pipeline.model import json_default
 
-    typer.echo(json.dumps(obj, indent=1, default=json_default))
+    typer.echo(json.dumps(_strict(obj), indent=1, default=json_default, allow_nan=False))
 
 
 class Progress:

@@ -219,16 +219,14 @@ def refit_options(on: bool, l2: float | None, iters: int | None, l1: str | None 
 
 
 def _write_record(path: Path, history: list) -> None:
-    import json
-
     tmp = path.with_name(path.name + ".tmp")
     with open(tmp, "w", encoding="utf-8") as f:
         for h in history:
             if "stopped" in h:
                 continue
             ho = h.get("holdout") or {}
-            f.write(json.dumps({"stage": h["stage"], "pass": h["pass"], "density": h.get("density"),
-                                "nnz": h.get("nnz"), **{f"holdout_{k}": v for k, v in ho.items()}}) + "\n")
+            f.write(json_line({"stage": h["stage"], "pass": h["pass"], "density": h.get("density"),
+                               "nnz": h.get("nnz"), **{f"holdout_{k}": v for k, v in ho.items()}}) + "\n")
     os.replace(tmp, path)
 
 

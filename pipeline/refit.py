@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import math
 import threading
 import time
 from collections import OrderedDict
@@ -158,8 +159,8 @@ def parse_l1(text) -> float | str:
         v = float(text)
     except (TypeError, ValueError):
         v = -1.0
-    if not v >= 0:
-        raise ValueError(f"the refit's L1 penalty must be 'auto' or a number >= 0, got {text!r}")
+    if not (v >= 0 and math.isfinite(v)):
+        raise ValueError(f"the refit's L1 penalty must be 'auto' or a finite number >= 0, got {text!r}")
     return v
 
 
@@ -978,8 +979,8 @@ def refit(model, store_path: str, client=None, l2: float = DEFAULT_L2, max_iter:
     t0 = time.time()
     if max_iter < 1:
         raise ValueError(f"refit max_iter must be >= 1, got {max_iter}")
-    if not (l1 == "auto" or (isinstance(l1, (int, float)) and l1 >= 0)):
-        raise ValueError(f"refit l1 must be 'auto' or a number >= 0, got {l1!r}")
+    if not (l1 == "auto" or (isinstance(l1, (int, float)) and 0 <= l1 < math.inf)):
+        raise ValueError(f"refit l1 must be 'auto' or a finite number >= 0, got {l1!r}")
     parse_select(select)
     if l1 == "auto" and not 0 < validation < 1:
         raise ValueError(f"refit validation share must be in (0, 1), got {validation}")

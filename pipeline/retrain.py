@@ -188,8 +188,10 @@ def load_job(path=None, overrides: dict | None = None) -> JobConfig:
     ing = {k: v for k, v in ing.items() if k in raw.get("ingest", {})}
     ref = table("refit", set(REFIT_KEYS))
     for k, v in ref.items():
+        number = isinstance(v, (int, float)) and not isinstance(v, bool)
         if not isinstance(v, REFIT_KEYS[k]) or (k == "l1" and isinstance(v, str) and v != "auto") \
-                or (k == "select" and v not in SELECT_RULES) or (REFIT_KEYS[k] is not bool and isinstance(v, bool)):
+                or (k == "select" and v not in SELECT_RULES) or (REFIT_KEYS[k] is not bool and isinstance(v, bool)) \
+                or (k in ("l1", "l2") and number and not 0 <= v < math.inf) or (k == "max_iter" and number and v < 1):
             raise ValueError(f"{src}: refit.{k} has the wrong type or value: {v!r}")
     cfg = JobConfig(store=str(raw["store"]), registry=str(raw["registry"]), train=tr, gate=gate,
                     generations=int(win.get("generations", 0)), keep=int(ret.get("keep", 10)), validation=val,

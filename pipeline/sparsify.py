@@ -96,7 +96,9 @@ def sparsify_vector(w, s=None, *, method: str = "dd", draws: int | None = None, 
     """w̃ of (TS-7) and an info dict (method, K, nnz, bound constant C, expected excess bound C/K).
 
     Exactly one of ``draws`` (K), ``nnz`` (target support size) and ``epsilon`` (with ``delta``) is given.
-    When the target support is ≥ nnz(ŵ) (nnz mode) ŵ is returned unchanged (``K`` = 0 in the info).
+    When the target support is ≥ the number of coordinates that can be drawn (p_j > 0) ŵ is returned on them
+    (``K`` = 0 in the info): a weight whose feature has E[x_j²] = 0 on the store (p_j = 0) never moves a score
+    there, so the result keeps at most ``nnz`` non-zeros.
     """
     w = np.asarray(w, dtype=np.float64)
     if nnz_mode not in NNZ_MODES:
@@ -126,8 +128,9 @@ def sparsify_vector(w, s=None, *, method: str = "dd", draws: int | None = None, 
             raise ValueError(f"nnz must be >= 1, got {nnz}")
         info.update({"nnz_target": nnz, "nnz_mode": nnz_mode})
         if nnz >= int(np.count_nonzero(p)):
-            info.update({"K": 0, "nnz": int(np.count_nonzero(w)), "excess_bound": 0.0})
-            return w.copy(), info
+            out = np.where(p > 0, w, 0.0)
+            info.update({"K": 0, "nnz": int(np.count_nonzero(out)), "excess_bound": 0.0})
+            return out, info
         if nnz_mode == "draws":
             idx = _draw(cdf, nnz, rng)
         else:

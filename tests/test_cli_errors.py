@@ -238,3 +238,12 @@ def test_workers_and_scheduler_together_are_refused(tmp_path):
     with pytest.raises(ValueError, match=r"--workers 2 and --scheduler tcp://127.0.0.1:1: give one"):
         with dask_client(2, "tcp://127.0.0.1:1"):
             pass
+
+
+def test_json_output_is_strict_json():
+    """Non-finite numbers (an AUC on a one-class holdout, a bound of an all-zero model) are null, not NaN."""
+    from cli.app import json_line
+
+    line = json_line({"auc": float("nan"), "bound": np.float64("inf"), "w": np.array([1.0, np.nan]), "n": np.int64(3)})
+    assert json.loads(line, parse_constant=lambda c: pytest.fail(f"non-standard JSON constant {c}")) == {
+        "auc": None, "bound": None, "w": [1.0, None], "n": 3}

@@ -855,3 +855,17 @@ def test_cli_select_flag_equals_the_api_and_refuses_unknown_rules(wide, tmp_path
                          "--refit-select", "min"], "--refit-select")):
         bad = CliRunner().invoke(app, args)
         assert bad.exit_code == 2 and flag in bad.output and not (tmp_path / "x.npz").exists()
+
+
+def test_an_infinite_l1_penalty_is_refused_everywhere(tmp_path):
+    from pipeline.refit import parse_l1
+    from pipeline.retrain import load_job
+
+    for bad in ("inf", "1e400", "-1", "nan"):
+        with pytest.raises(ValueError, match="finite number >= 0"):
+            parse_l1(bad)
+    job = tmp_path / "job.toml"
+    job.write_text(f'store = "{tmp_path}/s.zarr"\nregistry = "{tmp_path}/r"\n')
+    for key, val in (("l1", float("inf")), ("l2", -1.0), ("max_iter", 0)):
+        with pytest.raises(ValueError, match=f"refit.{key} has the wrong type or value"):
+            load_job(job, {"refit": {key: val}})

@@ -111,6 +111,14 @@ def test_sparsifier_unbiased_sparse_and_bounds():
     np.testing.assert_array_equal(a, b)
     _, info = sparsify_vector(w, s, epsilon=0.5, delta=0.2)
     assert info["K"] == draws_for_epsilon(w, s, 0.5, 0.2, "dd") == int(np.ceil(bound_constant(w, s, "dd") / 0.1))
+    # features the store never has (E[x_j^2] = 0) cannot be drawn: a target at or above the rest keeps only them,
+    # so the result never holds more than the target
+    s0 = np.where(np.arange(30) < 10, 0.0, s)
+    drawable = np.count_nonzero(w[10:])
+    for target in (drawable, drawable + 3):
+        c, info = sparsify_vector(w, s0, nnz=target)
+        assert info["K"] == 0 and np.count_nonzero(c) == drawable == info["nnz"] <= target
+        np.testing.assert_array_equal(c, np.where(np.arange(30) < 10, 0.0, w))
 
 
 def test_one_or_two_workers_bit_identical(store, client, one_worker_client):
