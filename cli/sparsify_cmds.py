@@ -87,7 +87,16 @@ def refit(
     try:
         m = load_model(model)
         st = open_store(str(store))
-        blocks = (m.meta.get("provenance") or {}).get("blocks")  # a model trained on a window: the same rows
+        prov = m.meta.get("provenance") or {}
+        blocks = prov.get("blocks")  # a model trained on a window: the same rows
+        if prov.get("store_id") and prov["store_id"] != st.manifest["store_id"]:
+            blocks = None  # block keys name other rows in another store; "before" was measured on the model's store
+            m.meta["holdout"] = None
+            typer.echo(f"note: {model} was trained on {prov.get('store', 'another store')}, not {store}: refitting "
+                       f"on all of {store}'s training blocks", err=True)
+        if blocks and not st.entries("holdout", blocks):  # retrain's models list the window's training blocks only:
+            gens = {int(st.entry(k).get("generation", 1)) for k in blocks}  # their generations' holdout too
+            blocks = list(blocks) + st.keys("holdout", gens)
         if workers and not scheduler:
             options["stats"] = support_stats(st, np.sort(m.coef_indices))  # read once, here and in the refit
             if fits_here(st, m.coef_indices, blocks, counts=options["stats"][0]):

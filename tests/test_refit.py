@@ -869,3 +869,37 @@ def test_an_infinite_l1_penalty_is_refused_everywhere(tmp_path):
     for key, val in (("l1", float("inf")), ("l2", -1.0), ("max_iter", 0)):
         with pytest.raises(ValueError, match=f"refit.{key} has the wrong type or value"):
             load_job(job, {"refit": {key: val}})
+
+
+def test_refit_command_on_another_store_and_on_a_training_window(tmp_path):
+    """`sparsepipe refit` of a model trained on another store refits on all of this store's training blocks (the
+    model's block keys name other rows there) and does not report the other store's "before" metrics; a model
+    whose window lists training blocks only (the nightly job's) is still measured on its generations' holdout."""
+    from typer.testing import CliRunner
+
+    from cli.main import app
+    from pipeline.model import load_model
+    from pipeline.store.reader import open_store
+    from pipeline.train import fit
+
+    def run(*a):
+        return CliRunner().invoke(app, [str(x) for x in a])
+
+    for name, seed in (("a", 1), ("b", 2)):
+        assert run("synth", tmp_path / f"{name}.svm", "--rows", "1500", "--features", "2000", "--nnz-per-row", "20",
+                   "--seed", seed, "--model-seed", 7).exit_code == 0
+        assert run("ingest", tmp_path / f"{name}.svm", "--out", tmp_path / f"{name}.zarr", "--block-mb", "0.02",
+                   "--holdout", "0.2").exit_code == 0
+    a, b = str(tmp_path / "a.zarr"), str(tmp_path / "b.zarr")
+    m = fit(a, "tg", {"gravity": 1e-3}, passes=2, paths=1, blocks=open_store(a).keys("train"))
+    m.save(tmp_path / "m.npz")
+    assert m.meta["provenance"]["blocks"] and m.meta["holdout"] is None  # a window without holdout blocks
+    r = run("refit", tmp_path / "m.npz", a, "--out", tmp_path / "ra.npz", "--l1", "0")
+    assert r.exit_code == 0, r.output
+    assert load_model(tmp_path / "ra.npz").meta["holdout"]["n_rows"] == open_store(a).n_rows - sum(
+        e["rows"] for e in open_store(a).entries("train"))
+    r = run("refit", tmp_path / "m.npz", b, "--out", tmp_path / "rb.npz", "--l1", "0")
+    assert r.exit_code == 0 and f"was trained on {a}" in r.output, r.output
+    rb = load_model(tmp_path / "rb.npz")
+    assert rb.meta["refit"]["holdout_before"] is None
+    assert rb.meta["refit"]["n_rows"] == sum(e["rows"] for e in open_store(b).entries("train"))
