@@ -54,9 +54,10 @@ def atomic_write_json(path: str, obj) -> None:
 
 
 def read_jsonl(path: str, required: tuple = ()) -> list[dict]:
-    """Records of a JSON-lines file; a torn last line (a process killed while appending) is skipped. Any other
-    line that does not parse, or a record without the ``required`` keys, is a RegistryError naming the file and
-    the line: a damaged index must stop the job, not shrink what it lists (retention deletes what is unlisted)."""
+    """Records of a JSON-lines file; a line torn by a kill is skipped (the run log is appended to, and closes a torn
+    record with a newline). With ``required`` keys (the index, which is rewritten whole) any line but a torn last
+    one that does not parse, or a record without those keys, is a RegistryError naming the file and the line: a
+    damaged index must stop the job, not shrink what it lists (retention deletes what is unlisted)."""
     out = []
     try:
         with open(path, encoding="utf-8") as f:
@@ -70,7 +71,7 @@ def read_jsonl(path: str, required: tuple = ()) -> list[dict]:
         try:
             rec = json.loads(line)
         except json.JSONDecodeError:
-            if i == last:
+            if i == last or not required:
                 continue
             raise RegistryError(f"{path}:{i + 1}: not a JSON record; the file is damaged (restore it from a "
                                 f"backup)") from None
