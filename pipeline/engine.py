@@ -738,6 +738,9 @@ def train(store_path: str, algo: Algorithm, *, passes: int, paths: int, seed: in
         raise ValueError(f"{store_path}: {paths} paths but only {len(train_entries)} training blocks; with "
                          f"--algo {algo.name} paths split the blocks: use --paths <= {len(train_entries)} "
                          f"or re-ingest with a smaller --block-mb")
+    if stage_blocks and not algo.stage_blocks_allowed:  # before any state is made or scattered
+        raise ValueError(f"--stage-blocks: --algo {algo.name} runs whole passes (its stage end needs every row "
+                         f"of the pass); leave it at 0")
     version = st.manifest["manifest_version"]
     dtype = st.data_dtype
     cache_bytes = cache_budget(train_entries, paths, algo.path_mode, dtype, int(cache_bytes))
@@ -774,9 +777,6 @@ def train(store_path: str, algo: Algorithm, *, passes: int, paths: int, seed: in
             states = [init_task(algo, p, m, warm) for m in range(paths)]
     if shuffle_window < 1:
         raise ValueError(f"shuffle_window must be >= 1, got {shuffle_window}")
-    if stage_blocks and not algo.stage_blocks_allowed:
-        raise ValueError(f"--stage-blocks: --algo {algo.name} runs whole passes (its stage end needs every row "
-                         f"of the pass); leave it at 0")
     spec = RunSpec(seed=seed, n_paths=paths, end_pass=start_pass + passes, stage_blocks=stage_blocks,
                    max_density=max_density, window=shuffle_window, verify_until=verify_until)
     t0 = time.time()

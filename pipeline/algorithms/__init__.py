@@ -28,20 +28,22 @@ ALGORITHMS = {
 DEFAULT_ALGO = "stsgd"
 
 
-def params_class(name: str):
-    """The hyper-parameter dataclass of algorithm ``name`` (imports its module)."""
+def _registered(name: str, part: int):
+    """The Algorithm class (``part`` 1) or hyper-parameter dataclass (2) of algorithm ``name`` (imports its module)."""
     if name not in ALGORITHMS:
         raise ValueError(f"unknown algorithm {name!r}; choose one of {', '.join(sorted(ALGORITHMS))}")
-    mod, _, params = ALGORITHMS[name]
-    return getattr(importlib.import_module(mod), params)
+    return getattr(importlib.import_module(ALGORITHMS[name][0]), ALGORITHMS[name][part])
+
+
+def params_class(name: str):
+    """The hyper-parameter dataclass of algorithm ``name``."""
+    return _registered(name, 2)
 
 
 def default_paths(name: str, workers: int, blocks: int) -> int:
     """Paths when none are asked for: one per worker, at most one per training block and at most the algorithm's
     ``max_paths`` (SCD: 1)."""
-    mod, cls, _ = ALGORITHMS[name]
-    cap = getattr(getattr(importlib.import_module(mod), cls), "max_paths", None) or workers
-    return max(1, min(workers, blocks, cap))
+    return max(1, min(workers, blocks, _registered(name, 1).max_paths or workers))
 
 
 def registry() -> dict:
@@ -56,8 +58,7 @@ def make_algorithm(name: str, options: dict):
     p = params_from_dict(params_class(name), options, where=f"--algo {name}")
     if name == "sgd" and getattr(p, "gravity", 0) != 0:
         raise ValueError("--algo sgd has no gravity; use --algo tg")
-    mod, cls, _ = ALGORITHMS[name]
-    return getattr(importlib.import_module(mod), cls)(p)
+    return _registered(name, 1)(p)
 
 
 def parse_setting(name: str, text: str) -> tuple:
