@@ -112,6 +112,12 @@ def fail(msg: str, code: int = 1):
     raise typer.Exit(code)
 
 
+def check_choice(value: str, choices, flag: str) -> None:
+    """A string option outside its choices is a usage error (exit 2) naming the flag, before any work."""
+    if value not in choices:
+        fail(f"{flag} must be one of {' | '.join(choices)}, got {value!r}", 2)
+
+
 def check_output(path, what: str = "output file") -> None:
     """Before any work: ``path`` can be written (its directory exists and is writable; it is not a directory),
     else exit 1 naming it, instead of failing after an hour of training."""

@@ -7,7 +7,7 @@ from typing import Optional
 
 import typer
 
-from cli.app import (Progress, app, apply_verify, check_output, emit_json, fail, json_line, no_verify_option,
+from cli.app import (Progress, app, apply_verify, check_choice, check_output, emit_json, fail, json_line, no_verify_option,
                      user_errors)
 from cli.train_options import RUN_KEYS, SWITCHES, TrainingOptions, read_config, training_options  # noqa: F401
 
@@ -190,7 +190,9 @@ _REFIT_SUMMARY = ("l1", "l1_rule", "select", "l2", "adaptive", "kkt", "loss", "i
 
 def refit_options(on: bool, l2: float | None, iters: int | None, l1: str | None = None,
                   kkt: int | None = None, relax: bool = False, adaptive: bool = True, select: str | None = None,
-                  l1_flag: str = "--refit-l1", select_flag: str = "--refit-select") -> dict | None:
+                  l1_flag: str = "--refit-l1", select_flag: str = "--refit-select",
+                  kkt_flag: str = "--refit-kkt", relax_flag: str = "--refit-relax",
+                  adaptive_flag: str = "--no-refit-adaptive") -> dict | None:
     """The keywords of :func:`pipeline.refit.refit` from the refit flags (train's ``--refit-*`` or `sparsepipe
     refit`'s); None without ``on``. A flag without ``on`` or a bad L1 value is a usage error (exit 2)."""
     if not on:
@@ -206,6 +208,14 @@ def refit_options(on: bool, l2: float | None, iters: int | None, l1: str | None 
             l1 = parse_l1(l1)
         except ValueError as e:
             fail(f"{l1_flag}: {e}", 2)
+        if l1 == 0 and kkt is not None:
+            fail(f"{kkt_flag} needs an L1 penalty ({l1_flag} auto or a number > 0): the KKT conditions it checks are "
+                 f"the L1 problem's", 2)
+        path_flags = [f for f, given in ((select_flag, select is not None), (relax_flag, relax),
+                                         (adaptive_flag, not adaptive)) if given]
+        if l1 != "auto" and path_flags:
+            fail(f"{', '.join(path_flags)} set(s) the validated L1 path, which only {l1_flag} auto runs "
+                 f"({l1_flag} {l1:g} fits that one penalty)", 2)
     if select is not None:
         from pipeline.refit import parse_select
 
@@ -245,7 +255,9 @@ def evaluate(
     from pipeline.cluster import dask_client
     from pipeline.evaluate import evaluate_store
     from pipeline.model import load_model
+    from pipeline.store.reader import SPLITS
 
+    check_choice(split, SPLITS, "--split")
     try:
         m = load_model(model, state=False)
         if workers or scheduler:
@@ -256,6 +268,9 @@ def evaluate(
     except user_errors() as e:
         fail(str(e))
     res["model"] = str(model)
+    if res.get("nnz_beyond_store"):
+        typer.echo(f"note: {model} is {m.n_features:,} features wide and {store} {res['n_features_store']:,}: its "
+                   f"{res['nnz_beyond_store']:,} non-zeros past the store's width score nothing here", err=True)
     if as_json:
         emit_json(res)
         return

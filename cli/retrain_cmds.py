@@ -153,7 +153,10 @@ def registry_list(registry: Path = typer.Argument(..., help="Registry directory.
 
 @registry_app.command("show")
 def registry_show(registry: Path = typer.Argument(..., help="Registry directory."),
-                  version: int = typer.Argument(..., help="Version number.")):
+                  version: int = typer.Argument(..., help="Version number."),
+                  as_json: bool = typer.Option(True, "--json", hidden=True,
+                                               help="Accepted for symmetry with the other commands: the output is "
+                                                    "JSON either way.")):
     """Everything the index records about one version (JSON)."""
     from pipeline.registry import RegistryError
 
@@ -177,7 +180,12 @@ def registry_promote(registry: Path = typer.Argument(..., help="Registry directo
             res = reg.promote(version, run=None, reason="manual promote")
     except RegistryError as e:
         fail(str(e), 3 if "holds the lock" in str(e) else 1)
-    emit_json(res) if as_json else typer.echo(f"production: v{res['production']} (was v{res['previous']})")
+    if as_json:
+        emit_json(res)
+    elif res["changed"]:
+        typer.echo(f"production: v{res['production']} (was v{res['previous']})")
+    else:
+        typer.echo(f"production: v{res['production']} already; nothing changed")
 
 
 @registry_app.command("rollback")

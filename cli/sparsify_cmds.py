@@ -7,7 +7,7 @@ from typing import Optional
 
 import typer
 
-from cli.app import app, apply_verify, check_output, emit_json, fail, no_verify_option, user_errors
+from cli.app import app, apply_verify, check_choice, check_output, emit_json, fail, no_verify_option, user_errors
 from cli.model_cmds import refit_option, refit_options
 
 
@@ -32,8 +32,10 @@ def sparsify(
     apply_verify(no_verify)
     check_output(out, "model")
     from pipeline.model import load_model
-    from pipeline.sparsify import sparsify_model
+    from pipeline.sparsify import METHODS, NNZ_MODES, sparsify_model
 
+    check_choice(method, METHODS, "--method")
+    check_choice(nnz_mode, NNZ_MODES, "--nnz-mode")
     if (nnz is None) == (epsilon is None):
         fail("give exactly one of --nnz and --epsilon", 2)
     try:
@@ -83,7 +85,8 @@ def refit(
     from pipeline.store.reader import open_store
     from pipeline.train import refit_model
 
-    options = refit_options(True, l2, iters, l1, kkt, relax, adaptive, select, l1_flag="--l1", select_flag="--select")
+    options = refit_options(True, l2, iters, l1, kkt, relax, adaptive, select, l1_flag="--l1", select_flag="--select",
+                            kkt_flag="--kkt", relax_flag="--relax", adaptive_flag="--no-adaptive")
     try:
         m = load_model(model)
         st = open_store(str(store))

@@ -114,4 +114,7 @@ def evaluate_store(model, store_path: str, split: str = "holdout", client=None, 
     res = metrics_from_partial(ex.result(tree(ex, parts, merge_partials)), st.label_kind)
     res.update({"split": split, "store": st.path, "blocks": len(entries), "nnz": model.nnz, "density": model.density,
                 "n_features": model.n_features})
+    if model.n_features > st.n_features:  # weights on columns the store never has: they score nothing here
+        res["nnz_beyond_store"] = int(np.count_nonzero(model.coef_indices >= st.n_features))
+        res["n_features_store"] = st.n_features
     return res

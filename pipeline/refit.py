@@ -982,6 +982,9 @@ def refit(model, store_path: str, client=None, l2: float = DEFAULT_L2, max_iter:
     if not (l1 == "auto" or (isinstance(l1, (int, float)) and 0 <= l1 < math.inf)):
         raise ValueError(f"refit l1 must be 'auto' or a finite number >= 0, got {l1!r}")
     parse_select(select)
+    if kkt_rounds is not None and l1 == 0:
+        raise ValueError("the refit's KKT check needs an L1 penalty (l1 'auto' or > 0): its conditions are the L1 "
+                         "problem's; with l1 = 0 there is nothing to check")
     if l1 == "auto" and not 0 < validation < 1:
         raise ValueError(f"refit validation share must be in (0, 1), got {validation}")
     support = np.asarray(model.coef_indices, dtype=np.int64)

@@ -376,9 +376,37 @@ def run_job(cfg: JobConfig, new_inputs: list[str] | None = None, *, force: bool 
         steps["lock"] = round(time.time() - t0, 3)
         say("lock", f"lock taken{' (stale lock taken over)' if lock.stale else ''}")
         return _run_locked(cfg, reg, lock, clients, new_inputs, force, steps, t_all, say)
+    except Exception as e:  # the run log says how the run ended (a kill leaves its "start" alone)
+        with contextlib.suppress(Exception):
+            reg.log({"event": "error", "run": getattr(lock, "run", None), "error": f"{type(e).__name__}: {e}"})
+        raise
     finally:
         clients.close()
         lock.__exit__(None, None, None)
+
+
+def _no_holdout(cfg) -> str:
+    """Why a night brings no holdout block, and what to change."""
+    from pipeline.ingest import IngestOptions
+
+    opts = IngestOptions(**cfg.ingest)
+    if opts.holdout <= 0:
+        return "ingest with holdout > 0 ([ingest] holdout) so the job has an evaluation set"
+    return (f"a night's holdout is a share of its blocks, and a night of one block (a file under [ingest] block_mb = "
+            f"{opts.block_mb:g} MB) has none: set a smaller block_mb")
+
+
+def _holdout_blocks_possible(paths: list[str], opts) -> bool:
+    """False when appending ``paths`` with ``opts`` surely gives no holdout block: holdout 0, or plain files
+    that make one block in all (a compressed file's blocks are known only once it is read)."""
+    from pipeline.ingest import compression_of, file_size, plan
+
+    if opts.holdout <= 0:
+        return False
+    sources = [{"path": p, "size": file_size(p), "compression": compression_of(p)} for p in paths]
+    if not sum(s["size"] for s in sources):  # empty: the validation says why (min_rows)
+        return True
+    return any(s["compression"] for s in sources) or len(plan(sources, int(opts.block_mb * (1 << 20)), 1)) >= 2
 
 
 def _run_locked(cfg, reg, lock, clients, new_inputs, force, steps, t_all, say):
@@ -422,8 +450,11 @@ def _run_locked(cfg, reg, lock, clients, new_inputs, force, steps, t_all, say):
         for i in inputs:
             i["already_appended"] = i["fingerprint"] in known
         if todo:
-            say("append", f"appending {len(todo)} input(s) to {cfg.store}")
             opts = IngestOptions(**cfg.ingest)
+            if not (st and st.keys("holdout")) and not _holdout_blocks_possible(todo, opts):
+                raise JobError(f"{cfg.store}: the job would have no evaluation set, and nothing was appended: "
+                               f"{_no_holdout(cfg)}")
+            say("append", f"appending {len(todo)} input(s) to {cfg.store}")
             ingest(todo, cfg.store, opts, append=st is not None, client=clients.ingest_client(),
                    progress=lambda *a: fault("during_append"))
             fault("after_append")
@@ -486,8 +517,7 @@ def _run_locked(cfg, reg, lock, clients, new_inputs, force, steps, t_all, say):
     if not train_keys:
         raise JobError(f"{cfg.store}: no training blocks in generations {window}")
     if not eval_keys:
-        raise JobError(f"{cfg.store}: no holdout blocks in generations {window}: ingest with holdout > 0 "
-                       f"([ingest] holdout) so the job has an evaluation set")
+        raise JobError(f"{cfg.store}: no holdout blocks in generations {window}: {_no_holdout(cfg)}")
     result["window"] = {"generations": window, "train_blocks": len(train_keys), "excluded_generations": excluded,
                         "evaluation_generations": eval_gens, "evaluation_blocks": len(eval_keys)}
 

@@ -45,3 +45,11 @@ def one_worker_client():
 @pytest.fixture
 def tmp(tmp_path):
     return tmp_path
+
+
+def same_model(a, b) -> bool:
+    """The same weights (indices and values, bit for bit) and bias."""
+    import numpy as np
+
+    return (np.array_equal(a.coef_indices, b.coef_indices) and np.array_equal(a.coef_values, b.coef_values)
+            and a.bias == b.bias)

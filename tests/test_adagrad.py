@@ -14,7 +14,7 @@ from pipeline.kernels.losses import HINGE, LOGISTIC, SQUARED
 from pipeline.kernels.sgd import new_tg_state, sgd_tg_ada_block, sgd_tg_block, tg_ada_flush, tg_flush
 from pipeline.model import load_model
 from pipeline.train import fit
-from tests.conftest import ingest_shared
+from tests.conftest import ingest_shared, same_model
 from tests.test_kernels_sgd import csr_arrays, make_block, ref_dloss
 
 INF = math.inf
@@ -158,11 +158,6 @@ ADA = {"eta": 0.5, "gravity": 2e-4, "K": 3, "adagrad": True, "adagrad_delta": 0.
 def store(tmp_path_factory, client):
     return ingest_shared(tmp_path_factory, client, "rcv1_subset/rcv1_vw_small_train.svm", "ada", block_mb=0.05,
                          holdout=0.2)
-
-
-def same_model(a, b):
-    return (np.array_equal(a.coef_indices, b.coef_indices) and np.array_equal(a.coef_values, b.coef_values)
-            and a.bias == b.bias)
 
 
 @pytest.mark.parametrize("opts", [ADA, {**ADA, "theta": 0.05, "adagrad_mix": "sum"}])

@@ -311,3 +311,15 @@ def test_options_are_validated():
 def test_scd_refuses_stage_blocks(store):  # noqa: F811
     with pytest.raises(ValueError, match=r"--stage-blocks: --algo scd runs whole passes"):
         fit(store, "scd", {}, passes=1, paths=1, stage_blocks=1)
+
+
+@pytest.mark.parametrize("algo", sorted(__import__("pipeline.algorithms", fromlist=["ALGORITHMS"]).ALGORITHMS))
+def test_a_store_of_labels_without_features_gives_a_bias_only_model(algo, tmp_path):
+    """Rows with a label and no feature (a store 0 columns wide): every algorithm returns a model with no
+    non-zero weight instead of failing inside its kernel (SCD drew coordinates from an empty range)."""
+    from pipeline.ingest import ingest
+
+    (tmp_path / "z.svm").write_text("1\n-1\n1\n1\n")
+    ingest([str(tmp_path / "z.svm")], str(tmp_path / "z.zarr"))
+    m = fit(str(tmp_path / "z.zarr"), algo, {}, passes=1, paths=1, evaluate=False)
+    assert m.n_features == 0 and m.nnz == 0 and math.isfinite(m.bias)

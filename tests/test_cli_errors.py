@@ -101,6 +101,12 @@ def test_every_bad_input_is_one_clean_line(base, tmp_path):
         (("stability", st, "--workers", "0"), ["--workers"], 2),
         (("train", st, "--out", t / "m8.npz", "--algo", "nope"), ["nope", "unknown algorithm"], 2),
         (("verify", t / "adir"), ["adir"], 1),
+        (("evaluate", model, st, "--split", "test"), ["--split", "'test'", "holdout"], 2),
+        (("sparsify", model, "--store", st, "--nnz", "5", "--method", "l1", "--out", t / "sp2.npz"),
+         ["--method", "'l1'", "dd | mg"], 2),
+        (("sparsify", model, "--store", st, "--nnz", "5", "--nnz-mode", "x", "--out", t / "sp3.npz"), ["--nnz-mode"], 2),
+        (("refit", model, st, "--out", t / "r.npz", "--l1", "0", "--kkt", "1"), ["--kkt", "L1 penalty", "--l1"], 2),
+        (("train", st, "--out", t / "m9.npz", "--refit-l1", "0", "--refit-kkt", "0"), ["--refit-kkt", "--refit-l1"], 2),
     ]
     before = _listing(t)
     for args, words, code in cases:
@@ -247,3 +253,20 @@ def test_json_output_is_strict_json():
     line = json_line({"auc": float("nan"), "bound": np.float64("inf"), "w": np.array([1.0, np.nan]), "n": np.int64(3)})
     assert json.loads(line, parse_constant=lambda c: pytest.fail(f"non-standard JSON constant {c}")) == {
         "auc": None, "bound": None, "w": [1.0, None], "n": 3}
+
+
+def test_evaluate_notes_a_model_wider_than_the_store(base, tmp_path):
+    """The weights past a narrower store's width score nothing there: evaluate says so (stderr) and counts them."""
+    from pipeline.model import load_model
+
+    assert cli("synth", tmp_path / "n.svm", "--rows", "200", "--features", "700", "--nnz-per-row", "10").returncode == 0
+    assert cli("ingest", tmp_path / "n.svm", "--out", tmp_path / "n.zarr", "--block-mb", "0.005").returncode == 0
+    m = load_model(base / "m.npz")
+    beyond = int((m.coef_indices >= 700).sum())
+    assert m.n_features == 2000 and beyond > 0
+    r = cli("evaluate", base / "m.npz", tmp_path / "n.zarr", "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["nnz_beyond_store"] == beyond
+    assert f"its {beyond:,} non-zeros past the store's width score nothing here" in r.stderr
+    r = cli("evaluate", base / "m.npz", base / "st.zarr", "--json")
+    assert "nnz_beyond_store" not in json.loads(r.stdout) and "note:" not in r.stderr

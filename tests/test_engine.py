@@ -16,7 +16,7 @@ from pipeline.model import load_model
 from pipeline.store import format as fmt
 from pipeline.store.reader import open_store
 from pipeline.train import fit
-from tests.conftest import data_file, ingest_shared
+from tests.conftest import data_file, ingest_shared, same_model
 
 TG = {"eta": 0.3, "gravity": 2e-4, "K": 3, "schedule": "sqrt", "decay": 0.8}
 
@@ -24,11 +24,6 @@ TG = {"eta": 0.3, "gravity": 2e-4, "K": 3, "schedule": "sqrt", "decay": 0.8}
 @pytest.fixture(scope="module")
 def store(tmp_path_factory, client):
     return ingest_shared(tmp_path_factory, client, "rcv1_subset/rcv1_vw_small_train.svm", "eng", block_mb=0.05, holdout=0.2)
-
-
-def same_model(a, b):
-    return (np.array_equal(a.coef_indices, b.coef_indices) and np.array_equal(a.coef_values, b.coef_values)
-            and a.bias == b.bias)
 
 
 def test_same_weights_with_one_or_two_workers_and_any_placement(store, client, one_worker_client):

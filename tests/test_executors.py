@@ -15,6 +15,7 @@ from pipeline.ingest import IngestOptions, ingest
 from pipeline.store.reader import open_store
 from pipeline.train import fit
 from tests.conftest import data_file, ingest_shared
+from tests.conftest import same_model as same_weights
 
 TG = {"eta": 0.3, "gravity": 2e-4, "K": 3, "schedule": "sqrt", "decay": 0.8}
 RCV1 = "rcv1_subset/rcv1_vw_small_train.svm"
@@ -31,8 +32,7 @@ def same_model(a, b):
     def stages(m):
         return [h.get("holdout") for h in m.meta["history"]]
 
-    return (np.array_equal(a.coef_indices, b.coef_indices) and np.array_equal(a.coef_values, b.coef_values)
-            and a.bias == b.bias and a.meta["holdout"] == b.meta["holdout"] and stages(a) == stages(b)
+    return (same_weights(a, b) and a.meta["holdout"] == b.meta["holdout"] and stages(a) == stages(b)
             and all(h is not None for h in stages(a)))
 
 

@@ -852,7 +852,14 @@ def test_cli_select_flag_equals_the_api_and_refuses_unknown_rules(wide, tmp_path
     assert got.meta["refit"]["select"] == "one-se"
     for args, flag in ((["refit", str(src), store, "--out", str(tmp_path / "x.npz"), "--select", "best"], "--select"),
                        (["train", store, "--out", str(tmp_path / "x.npz"), "--algo", "tg", "--passes", "1",
-                         "--refit-select", "min"], "--refit-select")):
+                         "--refit-select", "min"], "--refit-select"),
+                       # the path's options with one given penalty: nothing they could change
+                       (["refit", str(src), store, "--out", str(tmp_path / "x.npz"), "--l1", "1e-4", "--select",
+                         "min"], "--select"),
+                       (["refit", str(src), store, "--out", str(tmp_path / "x.npz"), "--l1", "0", "--relax"],
+                        "--relax"),
+                       (["train", store, "--out", str(tmp_path / "x.npz"), "--passes", "1", "--refit-l1", "0",
+                         "--no-refit-adaptive"], "--no-refit-adaptive")):
         bad = CliRunner().invoke(app, args)
         assert bad.exit_code == 2 and flag in bad.output and not (tmp_path / "x.npz").exists()
 

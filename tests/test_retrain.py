@@ -233,9 +233,12 @@ def test_rollback_and_manual_promote(base2, tmp_path):
     assert r.exit_code == 1 and "no previous production" in r.output
     r = CliRunner().invoke(app, ["registry", "promote", reg_dir, "2"])
     assert r.exit_code == 0 and open_registry(reg_dir).production_version == 2
-    shown = json.loads(CliRunner().invoke(app, ["registry", "show", reg_dir, "2"]).stdout)
+    shown = json.loads(CliRunner().invoke(app, ["registry", "show", reg_dir, "2", "--json"]).stdout)
     assert shown["parent"] == 1 and shown["generations"] == [1, 2]
     assert [e["event"] for e in open_registry(reg_dir).run_log()].count("rollback") == 1
+    r = CliRunner().invoke(app, ["registry", "promote", reg_dir, "2"])  # already production: says so, logs nothing
+    assert r.exit_code == 0 and "production: v2 already; nothing changed" in r.output
+    assert [e["event"] for e in open_registry(reg_dir).run_log()].count("promote") == 3  # 2 nights, 1 manual
 
 
 @pytest.mark.parametrize("bad", ["flipped", "empty", "newfeat"])
@@ -473,3 +476,17 @@ def test_a_damaged_index_stops_the_job_and_deletes_no_model(base2, days, tmp_pat
     r = CliRunner().invoke(app, ["registry", "list", reg])
     assert r.exit_code == 1 and "index.jsonl:1: a record without version, file" in r.output
     assert sorted(os.listdir(os.path.join(reg, "models"))) == files
+
+
+def test_a_first_night_of_one_block_is_refused_before_the_append(days, tmp_path):
+    """A night's holdout is a share of its blocks: a first night under block_mb would leave the job without an
+    evaluation set for good (the night is in the store). Refused before anything is appended, naming block_mb; the
+    run log records the error; a smaller block_mb then runs."""
+    d = str(tmp_path / "night")
+    job = _job(d)
+    r = CliRunner().invoke(app, ["retrain", "--config", job, "--new", days[1], "--set", "ingest.block_mb=4"])
+    assert r.exit_code == 1 and "block_mb = 4 MB" in r.output and "nothing was appended" in r.output, r.output
+    assert not os.path.exists(os.path.join(d, "store.zarr"))
+    assert open_registry(os.path.join(d, "models")).run_log()[-1]["event"] == "error"
+    code, res = _run(d, [days[1]])
+    assert code == EXIT_OK and res["status"] == "promoted"

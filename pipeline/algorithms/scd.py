@@ -172,10 +172,11 @@ class SCD(Algorithm):
             state["z"] = margins(cindptr, rowidx, cdata, w, m)
         scan = int(state["istate"][0])
         d = w.shape[0]
-        coords = np.random.default_rng([self.params.seed, scan]).integers(0, d, size=max(1, round(self.params.scan * d)))
         code = LOSS_CODES[self.params.loss]
-        beta = BETA[self.params.loss] * (msq if self.params.curvature == "column" else np.ones(d))
-        K.scd_steps(cindptr, rowidx, cdata, y, state["z"], w, coords.astype(np.int64), beta, self.params.lam, code)
+        if d:  # a store without columns (rows of labels only) leaves nothing to scan
+            coords = np.random.default_rng([self.params.seed, scan]).integers(0, d, size=max(1, round(self.params.scan * d)))
+            beta = BETA[self.params.loss] * (msq if self.params.curvature == "column" else np.ones(d))
+            K.scd_steps(cindptr, rowidx, cdata, y, state["z"], w, coords.astype(np.int64), beta, self.params.lam, code)
         state["istate"][0] = scan + 1
         state["objective"] = np.array([K.mean_loss(state["z"], y, code) + self.params.lam * float(np.abs(w).sum())])
 
