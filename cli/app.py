@@ -43,7 +43,7 @@ class App(typer.Typer):
         except Exception as e:  # noqa: BLE001  the last line of defence: no traceback for users
             if debug():
                 raise
-            code = EXIT_CORRUPT if _is_corrupt(e) else EXIT_ERROR
+            code = exit_code(e)
             typer.echo(f"error: {one_line(e)}" + ("" if code == EXIT_CORRUPT or _is_user_error(e) else
                                                   f" (an unexpected {type(e).__name__}; run with --debug or "
                                                   f"{DEBUG_ENV}=1 for the traceback to report it)"), err=True)
@@ -65,6 +65,7 @@ def _quick_teardown():
 
 
 app = App(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
+          context_settings={"help_option_names": ["--help", "-h"]},
           help="Out-of-core sparse linear learning: ingest LIBSVM text into a chunked zarr store, "
                "train sparse models (SGD, truncated gradient, STSGD, ...) over its blocks with Dask "
                "and numba, evaluate on held-out blocks. Exit codes: 0 success, 1 error (one 'error:' line; "
@@ -93,6 +94,14 @@ def _is_corrupt(e) -> bool:
     return isinstance(e, StoreCorruptError)
 
 
+def exit_code(e: BaseException) -> int:
+    """The exit code of an error: 5 a corrupt store, 2 a setting that cannot work (UsageError), else 1."""
+    if _is_corrupt(e):
+        return EXIT_CORRUPT
+    config = sys.modules.get("pipeline.config")
+    return EXIT_USAGE if config is not None and isinstance(e, config.UsageError) else EXIT_ERROR
+
+
 def _is_user_error(e) -> bool:
     return isinstance(e, user_errors())
 
@@ -106,10 +115,15 @@ def fail(msg: str, code: int = 1):
             import traceback
 
             traceback.print_exc()
-        if code == EXIT_ERROR and _is_corrupt(exc):
-            code = EXIT_CORRUPT
+        if code == EXIT_ERROR:
+            code = exit_code(exc)
     typer.echo(f"error: {' '.join(str(msg).split())}", err=True)
     raise typer.Exit(code)
+
+
+def count(n: int, noun: str, plural: str | None = None) -> str:
+    """``n`` and the noun, plural unless n is 1: "1 block", "3 blocks", "2 passes"."""
+    return f"{n:,} {noun if n == 1 else plural or noun + 's'}"
 
 
 def check_choice(value: str, choices, flag: str) -> None:
@@ -126,7 +140,7 @@ def check_output(path, what: str = "output file") -> None:
     p = os.path.abspath(os.path.expanduser(str(path)))
     parent = os.path.dirname(p)
     if os.path.isdir(p):
-        fail(f"{path}: is a directory; give the {what}'s file name")
+        fail(f"{path}: is a directory; give a file name for the {what}")
     if not os.path.isdir(parent):
         fail(f"{path}: the directory {parent} does not exist")
     if not os.access(parent, os.W_OK | os.X_OK):
@@ -210,16 +224,22 @@ def run_reporting(bar: Progress, fn):
 
 NO_VERIFY_HELP = ("Read blocks without checking them against the manifest checksums (a corrupt block then feeds "
                   "wrong numbers; the check is one XXH64 pass over a block's decoded arrays; training checks each "
-                  "block on the run's first read of it). With --scheduler, remote workers check unless their "
-                  "environment has SPARSEPIPE_VERIFY=0.")
+                  "block on the run's first read of it). SPARSEPIPE_VERIFY=0 in the environment does the same; "
+                  "remote workers of a --scheduler cluster check unless their own environment has it.")
 
 
 def no_verify_option():
     return typer.Option(False, "--no-verify", help=NO_VERIFY_HELP)
 
 
-def apply_verify(no_verify: bool) -> None:
-    """Checksum the blocks this command reads (and the workers it starts) unless ``--no-verify``."""
-    from pipeline.store.reader import set_verify
+_ENV_VERIFY: list = []  # the environment's own SPARSEPIPE_VERIFY setting, read before any command changes it
 
-    set_verify(not no_verify)
+
+def apply_verify(no_verify: bool) -> None:
+    """Checksum the blocks this command reads (and the workers it starts) unless ``--no-verify`` or the
+    environment's ``SPARSEPIPE_VERIFY=0``; a command run earlier in this process does not count."""
+    from pipeline.store.reader import set_verify, verify_default
+
+    if not _ENV_VERIFY:
+        _ENV_VERIFY.append(verify_default())
+    set_verify(_ENV_VERIFY[0] and not no_verify)

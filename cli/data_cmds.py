@@ -6,7 +6,7 @@ from typing import List, Optional
 
 import typer
 
-from cli.app import Progress, app, check_output, emit_json, fail, run_reporting, user_errors
+from cli.app import Progress, app, check_output, count, emit_json, fail, run_reporting, user_errors
 
 @app.command()
 def ingest(
@@ -51,9 +51,10 @@ def ingest(
     if as_json:
         emit_json(summary)
     else:
-        typer.echo(f"{summary['store']}: {summary['new_rows']:,} rows added in {summary['new_blocks']} blocks "
-                   f"({summary['n_rows']:,} rows x {summary['n_features']:,} features, {summary['nnz']:,} "
-                   f"non-zeros; {summary['holdout_blocks']} holdout blocks) in {summary['seconds']:.1f}s, "
+        typer.echo(f"{summary['store']}: {count(summary['new_rows'], 'row')} added in "
+                   f"{count(summary['new_blocks'], 'block')} ({summary['n_rows']:,} rows x {summary['n_features']:,} "
+                   f"features, {summary['nnz']:,} non-zeros; {count(summary['holdout_blocks'], 'holdout block')}) in "
+                   f"{summary['seconds']:.1f}s, "
                    f"{summary['bytes_read'] / 1e6 / max(summary['seconds'], 1e-9):,.1f} MB/s")
         if summary["skipped_lines"]:
             typer.echo(f"skipped {summary['skipped_lines']} malformed lines, listed in "
@@ -115,6 +116,6 @@ def synth(
         emit_json(s)
     else:
         typer.echo(f"{s['path']}: {s['rows']:,} rows, {s['nnz']:,} non-zeros, {s['bytes'] / 1e6:,.1f} MB "
-                   f"in {s['seconds']:.1f}s ({s['mb_per_s']:,.0f} MB/s)")
+                   f"in {s['seconds']:.1f}s ({s['mb_per_s']:,.{0 if s['mb_per_s'] >= 10 else 2}f} MB/s)")
 
 

@@ -7,7 +7,7 @@ from typing import Optional
 
 import typer
 
-from cli.app import (Progress, app, apply_verify, check_choice, check_output, emit_json, fail, json_line, no_verify_option,
+from cli.app import (Progress, app, apply_verify, check_choice, check_output, count, emit_json, fail, json_line, no_verify_option,
                      user_errors)
 from cli.train_options import RUN_KEYS, SWITCHES, TrainingOptions, read_config, training_options  # noqa: F401
 
@@ -157,7 +157,7 @@ def train(
         emit_json(summary)
     else:
         h = summary["holdout"] or {}
-        typer.echo(f"{out}: {name}, {summary['passes']} passes x {n_paths} paths in {summary['seconds']:.1f}s; "
+        typer.echo(f"{out}: {name}, {count(summary['passes'], 'pass', 'passes')} x {count(n_paths, 'path')} in {summary['seconds']:.1f}s; "
                    f"{model.nnz:,} non-zero weights (density {model.density:.4f})" +
                    (f"; holdout error {h['error']:.4f}, AUC {h['auc']:.4f}" if "error" in h else "") +
                    (f"; holdout RMSE {h['rmse']:.4f}" if "rmse" in h else ""))
@@ -180,6 +180,9 @@ def _window(store: str, last: int):
 
     st = open_store(store)
     gens = st.window(last)
+    if last > len(gens):
+        typer.echo(f"note: --generations {last}: {store} has {count(len(gens), 'generation')}; training on all",
+                   err=True)
     return st.keys("train", gens) + st.keys("holdout", gens)
 
 

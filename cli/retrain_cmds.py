@@ -7,7 +7,7 @@ from typing import List, Optional
 
 import typer
 
-from cli.app import app, emit_json, fail, user_errors
+from cli.app import app, apply_verify, emit_json, exit_code, fail, no_verify_option, user_errors
 
 registry_app = typer.Typer(no_args_is_help=True, help="Model registry: versions, production pointer, rollback.")
 app.add_typer(registry_app, name="registry")
@@ -46,12 +46,14 @@ def retrain(
                                                                       "(e.g. train.eta=0.5, validation.max_unseen_share=0.8)."),
     force: bool = typer.Option(False, "--force", help="Train on a new generation that validation refuses (recorded)."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+    no_verify: bool = no_verify_option(),
 ):
     """Nightly job: append --new inputs, validate them, warm-start a candidate from production, evaluate both on
     the newest holdout blocks, promote through the gate, apply retention. Safe to re-run and to kill.
 
     Exit codes: 0 finished (promoted or kept production), 3 another run holds the lock, 4 validation refused the
-    new generation, 1 error."""
+    new generation, 1 error, 2 a bad option or job file, 5 a corrupt store."""
+    apply_verify(no_verify)
     from pipeline.registry import RegistryError
     from pipeline.retrain import JobError, load_job, run_job
 
@@ -85,7 +87,7 @@ def retrain(
         code, res = run_job(cfg, new, force=force, progress=progress)
     except (JobError, RegistryError, *user_errors()) as e:
         if as_json:
-            emit_json({"status": "error", "error": str(e), "exit_code": 1})
+            emit_json({"status": "error", "error": str(e), "exit_code": exit_code(e)})
         fail(str(e), 1)
     if as_json:
         emit_json(res)
@@ -170,7 +172,7 @@ def registry_show(registry: Path = typer.Argument(..., help="Registry directory.
 @registry_app.command("promote")
 def registry_promote(registry: Path = typer.Argument(..., help="Registry directory."),
                      version: int = typer.Argument(..., help="Version to put in production."),
-                     as_json: bool = typer.Option(False, "--json")):
+                     as_json: bool = typer.Option(False, "--json", help="Print the move as JSON.")):
     """Move the production pointer to VERSION (atomic; recorded in the run log)."""
     from pipeline.registry import RegistryError
 
@@ -190,7 +192,7 @@ def registry_promote(registry: Path = typer.Argument(..., help="Registry directo
 
 @registry_app.command("rollback")
 def registry_rollback(registry: Path = typer.Argument(..., help="Registry directory."),
-                      as_json: bool = typer.Option(False, "--json")):
+                      as_json: bool = typer.Option(False, "--json", help="Print the move as JSON.")):
     """Move production back to the previous production version (atomic; recorded in the run log)."""
     from pipeline.registry import RegistryError
 

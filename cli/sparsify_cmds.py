@@ -18,8 +18,8 @@ def sparsify(
                                                     "E[x_j^2] (the DD probabilities and the bounds)."),
     out: Path = typer.Option(..., "--out", "-o", help="Sparse model file to write."),
     nnz: Optional[int] = typer.Option(None, min=1, help="Target number of non-zeros (see --nnz-mode)."),
-    epsilon: Optional[float] = typer.Option(None, min=0.0, help="Excess squared-loss risk allowed: "
-                                                                "K = ceil(C / (epsilon delta)) draws (TS-9)."),
+    epsilon: Optional[float] = typer.Option(None, help="Excess squared-loss risk allowed (> 0): "
+                                                       "K = ceil(C / (epsilon delta)) draws (TS-9)."),
     delta: float = typer.Option(0.1, min=0.0, max=1.0, help="Failure probability for --epsilon."),
     method: str = typer.Option("dd", help="dd: p_j ~ |w_j| sqrt(E[x_j^2]) | mg: p_j ~ |w_j|."),
     nnz_mode: str = typer.Option("draws", help="draws: K = nnz draws (unbiased, nnz <= K) | distinct: draw "
@@ -38,6 +38,8 @@ def sparsify(
     check_choice(nnz_mode, NNZ_MODES, "--nnz-mode")
     if (nnz is None) == (epsilon is None):
         fail("give exactly one of --nnz and --epsilon", 2)
+    if epsilon is not None and not 0 < epsilon < float("inf"):
+        fail(f"--epsilon must be a finite number > 0, got {epsilon}", 2)
     try:
         m = load_model(model)
         sm = sparsify_model(m, str(store), method=method, nnz=nnz, epsilon=epsilon, delta=delta, seed=seed,
@@ -119,4 +121,7 @@ def refit(
     typer.echo(f"{out}: refit of {model} ({info['loss']}, l1 {info['l1']:g}, l2 {info['l2']:g}): "
                f"{info['nnz_before']:,} -> {r.nnz:,} non-zeros, {info['evaluations']} passes in {info['seconds']:.1f}s"
                + (f"; holdout error {hb['error']:.4f} -> {h['error']:.4f}, AUC {hb['auc']:.4f} -> {h['auc']:.4f}"
-                  if "error" in h and "error" in hb else ""))
+                  if "error" in h and "error" in hb else
+                  f"; holdout error {h['error']:.4f}, AUC {h['auc']:.4f}" if "error" in h else
+                  f"; holdout rmse {hb['rmse']:.4f} -> {h['rmse']:.4f}" if "rmse" in h and "rmse" in hb else
+                  f"; holdout rmse {h['rmse']:.4f}" if "rmse" in h else ""))

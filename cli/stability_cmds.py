@@ -35,7 +35,8 @@ def stability(
             if not sys.stderr.isatty():  # cron and CI logs: one JSON line per run
                 typer.echo(json_line({"event": "run", **rec}), err=True)
         else:
-            typer.echo(f"seed {rec['seed']:>3}  error {rec['error']:.4f}  density {rec['density']:.5f}  "
+            metric = "error" if "error" in rec else "rmse"
+            typer.echo(f"seed {rec['seed']:>3}  {metric} {rec[metric]:.4f}  density {rec['density']:.5f}  "
                        f"nnz {rec['nnz']:,}", err=True)
 
     kw = dict(runs=runs, passes=run["passes"], paths=run["paths"], stage_blocks=run["stage_blocks"],
@@ -54,5 +55,5 @@ def stability(
         emit_json(res)
         return
     typer.echo(f"{algo} over {runs} orderings ({res['split']} of {res['test_store'] or res['store']}): "
-               f"error {res['error_mean']:.4f} ± {res['error_sd']:.4f}, density {res['density_mean']:.5f} ± "
+               f"{res['metric']} {res[res['metric'] + '_mean']:.4f} ± {res[res['metric'] + '_sd']:.4f}, density {res['density_mean']:.5f} ± "
                f"{res['density_sd']:.5f}, kappa {res['kappa']:.4f}")

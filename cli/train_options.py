@@ -26,10 +26,10 @@ from typing import List, Optional
 
 import typer
 
-from cli.app import apply_verify, fail
+from cli.app import apply_verify, check_choice, fail
 from pipeline.algorithms import ALGORITHMS, DEFAULT_ALGO  # the registry only (the algorithms' modules load when used)
 
-from pipeline.config import RUN_KEYS, RUN_MIN, RUN_TYPES, check_settings  # noqa: F401 (re-exported)
+from pipeline.config import RUN_CHOICES, RUN_KEYS, RUN_MIN, RUN_TYPES, WANT, check_settings, type_ok  # noqa: F401
 
 # ablation switches: CLI flag -> (hyper-parameter, value); only for algorithms that have that parameter
 SWITCHES = {"no_informative": ("truncation", "touched"), "no_stability": ("stability", False)}
@@ -61,7 +61,7 @@ OPTIONS = [
     Opt("loss", Optional[str], "logistic | hinge | squared (the algorithm's default otherwise)."),
     Opt("passes", Optional[int], "Passes over the training blocks (default 5).", kind="run", min=1),
     Opt("eta", Optional[float], "Learning rate.", min=0.0),
-    Opt("schedule", Optional[str], "constant | invscaling | sqrt."),
+    Opt("schedule", Optional[str], "constant | sqrt (eta/sqrt(t)) | invscaling (eta/t^power_t; sgd, tg, l1proj, fobos)."),
     Opt("power_t", Optional[float], "Exponent of invscaling: eta / t**power_t.", min=0.0),
     Opt("decay", Optional[float], "Per-pass factor on eta (sgd/tg; default 1).", min=0.0, max=1.0),
     Opt("l2", Optional[float], "L2 weight decay (needs theta = inf for tg).", min=0.0),
@@ -146,6 +146,12 @@ class TrainingOptions:
         for flag in [k for k in HYPER_FLAGS if k in cli]:
             if flag not in hyper_types:
                 fail(_not_for(flag, name), 2)
+            if not type_ok(cli[flag], hyper_types[flag]):  # a key of the same name and another meaning
+                given = type(cli[flag])
+                fail(f"--{flag.replace('_', '-')} takes {WANT.get(given, 'a value')}, the '{flag}' of "
+                     f"{', '.join(_typed(flag, given))}; --algo {name}'s '{flag}' is "
+                     f"{WANT.get(hyper_types[flag], 'a value')}: use --set {flag}=VALUE (`sparsepipe algorithms "
+                     f"{name}` lists it)", 2)
         for flag, (key, val) in SWITCHES.items():
             if v.get(flag):
                 if key not in hyper_types:
@@ -161,6 +167,9 @@ class TrainingOptions:
             fail(str(e), 2)
         run = {**(defaults or {}), **{k: opts.pop(k) for k in list(opts) if k in RUN_KEYS}}
         run.pop("algo", None)
+        for key, choices in RUN_CHOICES.items():
+            if key in run:
+                check_choice(run[key], choices, f"--{key}")
         try:  # the algorithm's own checks (K >= 1, a known loss, ...) before any work
             from pipeline.algorithms import params_class
 
@@ -182,6 +191,11 @@ def _having(key: str) -> list:
     from pipeline.algorithms.describe import param_names
 
     return [a for a in ALGORITHMS if key in param_names(a)]
+
+
+def _typed(key: str, typ) -> list:
+    """The algorithms whose hyper-parameter ``key`` has type ``typ``."""
+    return [a for a in _having(key) if _hyper_types(a).get(key) is typ]
 
 
 def _hyper_types(name: str) -> dict:
@@ -208,7 +222,7 @@ def read_config(path: Path | None) -> dict:
     except PermissionError:
         fail(f"{path}: cannot read the config file (permission denied)")
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
-        fail(f"{path}: invalid TOML ({e})")
+        fail(f"{path}: invalid TOML ({e})", 2)
     if isinstance(cfg.get("train"), dict):
         rest = sorted(k for k in cfg if k != "train")
         if rest:

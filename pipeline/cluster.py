@@ -126,7 +126,9 @@ def dask_client(workers: int | None = None, scheduler: str | None = None, client
         yield client
         return
     if workers and scheduler:
-        raise ValueError(f"--workers {workers} and --scheduler {scheduler}: give one (--workers starts a local "
+        from pipeline.config import UsageError
+
+        raise UsageError(f"--workers {workers} and --scheduler {scheduler}: give one (--workers starts a local "
                          f"cluster, --scheduler joins an existing one)")
     if not workers and not scheduler:
         with ThreadClient(default_workers()) as c:

@@ -13,6 +13,11 @@ RUN_KEYS = set(RUN_TYPES)
 RUN_MIN = {"passes": 1, "paths": 1, "workers": 1, "evaluate_every": 1, "shuffle_window": 1, "stage_blocks": 0,
            "generations": 0, "max_density": 0.0}
 WANT = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
+RUN_CHOICES = {"placement": ("paths", "single")}
+
+
+class UsageError(ValueError):
+    """A setting the user gave that cannot work (the commands exit 2, as for a bad option)."""
 
 
 def type_ok(val, typ) -> bool:
@@ -58,6 +63,8 @@ def check_settings(cfg: dict, algo: str, where: str, run_types: dict | None = No
             raise ValueError(f"{where}: '{prefix}{k}' must be >= {lo}, got {val!r}")
         if k == "max_density" and val > 1:
             raise ValueError(f"{where}: '{prefix}{k}' must be <= 1, got {val!r}")
+        if k in RUN_CHOICES and val not in RUN_CHOICES[k]:
+            raise ValueError(f"{where}: '{prefix}{k}' must be one of {', '.join(RUN_CHOICES[k])}, got {val!r}")
     hyper = {k: v for k, v in cfg.items() if k not in run_types}
     try:
         params_class(algo)(**hyper)

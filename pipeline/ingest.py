@@ -519,6 +519,8 @@ def ingest(inputs: list[str], out: str, options: IngestOptions | None = None, *,
         for path in inputs:
             size = file_size(path)
             fp = fingerprint(path, size)
+            if fp in known and known[fp]["generation"] == "this run":
+                raise IngestError(f"{path}: given twice (the same content as {known[fp]['path']}); give each input once")
             if fp in known:
                 raise IngestError(f"{path}: already ingested into {out} (same fingerprint as "
                                   f"{known[fp]['path']}, generation {known[fp]['generation']}); refusing to append twice")

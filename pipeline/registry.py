@@ -391,7 +391,7 @@ def _read_holder(fd) -> dict | None:
 
 def _describe(holder) -> str:
     if not holder:
-        return "holder unknown"
+        return "its holder has not recorded itself yet (it has just started)"
     return f"pid {holder.get('pid')} on {holder.get('host')}, run {holder.get('run')}, since {holder.get('since')}"
 
 

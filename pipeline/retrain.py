@@ -51,7 +51,11 @@ _HITS: dict = {}
 EXIT_OK, EXIT_ERROR, EXIT_LOCKED, EXIT_REFUSED = 0, 1, 3, 4
 # [train] keys that are run settings (hyper-parameters are the algorithm's): `train --config`'s, less the training
 # window (the job's [window] table); workers = 0 trains in this process
-TRAIN_RUN_TYPES = {k: t for k, t in RUN_TYPES.items() if k != "generations"}
+# `train` settings that the job sets itself (its window; one evaluation per night, recorded in the registry)
+NOT_IN_JOB = {"generations": "the training window is the job's [window] generations",
+              "record_path": "the job evaluates once a night, after training; REG/runs.jsonl and the index record it",
+              "evaluate_every": "the job evaluates once a night, after training"}
+TRAIN_RUN_TYPES = {k: t for k, t in RUN_TYPES.items() if k not in NOT_IN_JOB}
 TRAIN_RUN_KEYS = set(TRAIN_RUN_TYPES)
 TRAIN_RUN_MIN = {**RUN_MIN, "workers": 0}
 METRICS = {"error": False, "auc": True, "logloss": False, "rmse": False}  # name -> higher is better
@@ -88,6 +92,13 @@ class Validation:
     max_nnz_ratio: float = 2.0        # mean non-zeros per row outside [min / r, max * r] of history: refused
     max_unseen_share: float = 0.5     # share of the new non-zeros on features history never had: refused
 
+    def __post_init__(self):
+        for name, lo, hi in (("min_rows", 0, math.inf), ("max_label_shift", 0, 1), ("max_nnz_ratio", 1, math.inf),
+                             ("max_unseen_share", 0, 1)):
+            v = getattr(self, name)
+            if not lo <= v <= hi:
+                raise ValueError(f"{name} must be in [{lo}, {hi}], got {v!r}")
+
 
 @dataclass
 class JobConfig:
@@ -120,9 +131,13 @@ def load_job(path=None, overrides: dict | None = None) -> JobConfig:
     """JOB.toml (plus ``overrides``: {"store": .., "train": {..}, "gate": {..}, ...}) -> JobConfig.
 
     Unknown keys, and [train] values of the wrong type or refused by the algorithm, raise ValueError naming the
-    file and the key: before the job appends anything."""
+    file and the key (or the command line's flags, when the file alone is valid): before the job appends anything."""
     raw: dict = {}
-    src = str(path) if path else "<flags>"
+    src = str(path) if path else "the command line"
+    flags = {k: v for k, v in (overrides or {}).items() if k not in TOP_KEYS and v not in (None, {})}
+    if path is not None and flags:  # the file alone first: an error after that is the flags'
+        load_job(path, {k: v for k, v in overrides.items() if k in TOP_KEYS})
+        src = f"the command line's settings (with {path})"
     if path is not None:
         try:
             with open(path, "rb") as f:
@@ -169,8 +184,8 @@ def load_job(path=None, overrides: dict | None = None) -> JobConfig:
             raise ValueError(f"{src}: [{name}] {e}") from None
 
     tr = dict(raw.get("train", {}))
-    if "generations" in tr:
-        raise ValueError(f"{src}: train.generations: the training window is the job's [window] generations")
+    for k in sorted(set(tr) & set(NOT_IN_JOB)):
+        raise ValueError(f"{src}: train.{k}: {NOT_IN_JOB[k]}")
     check_settings(tr, tr.get("algo", DEFAULT_ALGO), src, TRAIN_RUN_TYPES, TRAIN_RUN_MIN, prefix="train.")
     gate = typed("gate", Gate)
     if gate.metric not in METRICS:
@@ -192,7 +207,8 @@ def load_job(path=None, overrides: dict | None = None) -> JobConfig:
         if not isinstance(v, REFIT_KEYS[k]) or (k == "l1" and isinstance(v, str) and v != "auto") \
                 or (k == "select" and v not in SELECT_RULES) or (REFIT_KEYS[k] is not bool and isinstance(v, bool)) \
                 or (k in ("l1", "l2") and number and not 0 <= v < math.inf) or (k == "max_iter" and number and v < 1):
-            raise ValueError(f"{src}: refit.{k} has the wrong type or value: {v!r}")
+            raise ValueError(f"{src}: refit.{k} has the wrong type or value: {v!r}"
+                             + (f" (one of {', '.join(SELECT_RULES)})" if k == "select" else ""))
     cfg = JobConfig(store=str(raw["store"]), registry=str(raw["registry"]), train=tr, gate=gate,
                     generations=int(win.get("generations", 0)), keep=int(ret.get("keep", 10)), validation=val,
                     ingest=ing, refit=ref, source=src)
@@ -330,6 +346,10 @@ def validate_generation(st, generation: int, exclude=(), thresholds: Validation 
 
 # ---------------------------------------------------------------------------------------------- gate
 
+def _num(v) -> str:
+    return f"{v:.4g}" if isinstance(v, float) else str(v)
+
+
 def gate_decision(g: Gate, cand: dict, prod: dict | None) -> tuple[bool, str]:
     """(promote?, reason) for candidate metrics against production's on the same evaluation set."""
     m = g.metric
@@ -339,9 +359,9 @@ def gate_decision(g: Gate, cand: dict, prod: dict | None) -> tuple[bool, str]:
     if g.max_density is not None and cand.get("density", 0.0) > g.max_density:
         return False, f"candidate density {cand['density']:.4g} > max_density {g.max_density}"
     if g.min_auc is not None and not (cand.get("auc") is not None and cand["auc"] >= g.min_auc):
-        return False, f"candidate AUC {cand.get('auc')} < min_auc {g.min_auc}"
+        return False, f"candidate AUC {_num(cand.get('auc'))} < min_auc {g.min_auc}"
     if g.max_error is not None and not (cand.get("error") is not None and cand["error"] <= g.max_error):
-        return False, f"candidate error {cand.get('error')} > max_error {g.max_error}"
+        return False, f"candidate error {_num(cand.get('error'))} > max_error {g.max_error}"
     if prod is None:
         return True, f"first model: absolute bounds pass ({m} {c:.4g})"
     p = prod.get(m)

@@ -65,7 +65,7 @@ def stability_runs(store: str, algo: str, options: dict | None = None, *, runs: 
                    placement: str = "paths", progress=None, seed: int = 0, max_density: float | None = None,
                    shuffle_window: int = 4) -> dict:
     """Train ``runs`` models of ``algo`` on ``store`` with seeds 0..runs−1 (different block and row orders)
-    and report mean ± sd (ddof = 1) of the error and density and the mean pairwise Cohen's κ of the
+    and report mean ± sd (ddof = 1) of the error (the RMSE on a regression store: ``metric``) and density and the mean pairwise Cohen's κ of the
     selected feature sets (non-zero weights). The error is measured on the store's holdout blocks, or on
     every block of ``test_store`` when given. Works for every registered algorithm."""
     from pipeline.evaluate import evaluate_store
@@ -77,22 +77,24 @@ def stability_runs(store: str, algo: str, options: dict | None = None, *, runs: 
     p = open_store(store).n_features
     split = "all" if test_store else "holdout"
     errors, densities, sets, per_run = [], [], [], []
+    metric = "error"
     for seed in range(seed, seed + runs):  # run r uses seed + r
         m = fit(store, algo, dict(options or {}), passes=passes, paths=paths, seed=seed, client=client,
                 placement=placement, stage_blocks=stage_blocks, evaluate=False, max_density=max_density,
                 shuffle_window=shuffle_window)
         res = evaluate_store(m, test_store or store, split, client)
-        errors.append(res["error"])
+        metric = "error" if "error" in res else "rmse"  # a regression store has no classification error
+        errors.append(res[metric])
         densities.append(m.nnz / p)
         sets.append(m.coef_indices)
         tim = m.meta["provenance"]["timing"]
-        per_run.append({"seed": seed, "error": res["error"], "density": m.nnz / p, "nnz": m.nnz,
+        per_run.append({"seed": seed, metric: res[metric], "density": m.nnz / p, "nnz": m.nnz,
                         "passes": m.meta["passes"], "nnz_per_s_kernel": tim["nnz_per_s_kernel"]})
         if progress:
             progress(per_run[-1])
     e, d = np.asarray(errors), np.asarray(densities)
     return {"algo": algo, "options": dict(options or {}), "store": str(store), "test_store": test_store,
-            "split": split, "runs": runs, "passes": passes, "paths": paths, "n_features": p,
-            "error_mean": float(e.mean()), "error_sd": float(e.std(ddof=1)),
+            "split": split, "runs": runs, "passes": passes, "paths": paths, "n_features": p, "metric": metric,
+            f"{metric}_mean": float(e.mean()), f"{metric}_sd": float(e.std(ddof=1)),
             "density_mean": float(d.mean()), "density_sd": float(d.std(ddof=1)),
             "kappa": float(mean_pairwise_kappa(sets, p)), "per_run": per_run}

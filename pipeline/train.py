@@ -10,6 +10,20 @@ from pipeline.model import Model
 from pipeline.store.readlock import reads_store
 
 
+def _with_squared_loss() -> list[str]:
+    """The algorithms whose hyper-parameters accept ``loss = "squared"`` (regression)."""
+    from pipeline.algorithms import ALGORITHMS, params_class
+
+    def accepts(name):
+        try:
+            params_class(name)(loss="squared")
+        except (TypeError, ValueError):
+            return False
+        return True
+
+    return [name for name in ALGORITHMS if accepts(name)]
+
+
 @reads_store("store_path")
 def fit(store_path: str, algo: str = DEFAULT_ALGO, options: dict | None = None, *, passes: int = 5, paths: int = 1,
         seed: int = 0, client=None, init_model: Model | None = None, placement: str = "paths",
@@ -37,8 +51,11 @@ def fit(store_path: str, algo: str = DEFAULT_ALGO, options: dict | None = None, 
     st = open_store(store_path)
     loss = getattr(algorithm.params, "loss", None)
     if st.label_kind == "regression" and loss in ("logistic", "hinge"):
+        squared = _with_squared_loss()
+        fix = ("use --loss squared" if algo in squared else
+               f"--algo {algo} has no squared loss; use --algo {' or '.join(squared)} with --loss squared")
         raise ValueError(f"{store_path}: its labels are real numbers (regression); --algo {algo} with {loss} loss "
-                         f"needs binary labels: use --loss squared")
+                         f"needs binary labels: {fix}")
     calibrate(algorithm, st)  # before the resume check: resolved values are part of hyper()
     init_states = init_gstate = warm = None
     resumed = after_stop = False

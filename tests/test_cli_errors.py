@@ -94,7 +94,7 @@ def test_every_bad_input_is_one_clean_line(base, tmp_path):
         (("train", st, "--out", t / "m1.npz", "--init-model", t / "trunc.npz"), ["trunc.npz"], 1),
         (("train", st, "--out", t / "m2.npz", "--config", t / "wrong.toml"), ["wrong.toml", "passes", "integer"], 2),
         (("train", st, "--out", t / "m3.npz", "--config", t / "wrong2.toml"), ["wrong2.toml", "eta", "number"], 2),
-        (("train", st, "--out", t / "m4.npz", "--config", t / "bad.toml"), ["bad.toml", "invalid TOML"], 1),
+        (("train", st, "--out", t / "m4.npz", "--config", t / "bad.toml"), ["bad.toml", "invalid TOML"], 2),
         (("train", st, "--out", t / "m5.npz", "--config", t / "adir"), ["adir", "directory"], 1),
         (("train", st, "--out", t / "m6.npz", "--workers", "0"), ["--workers"], 2),
         (("train", t / "adir", "--out", t / "m7.npz"), ["adir", "not a sparsepipe store"], 1),
@@ -107,6 +107,12 @@ def test_every_bad_input_is_one_clean_line(base, tmp_path):
         (("sparsify", model, "--store", st, "--nnz", "5", "--nnz-mode", "x", "--out", t / "sp3.npz"), ["--nnz-mode"], 2),
         (("refit", model, st, "--out", t / "r.npz", "--l1", "0", "--kkt", "1"), ["--kkt", "L1 penalty", "--l1"], 2),
         (("train", st, "--out", t / "m9.npz", "--refit-l1", "0", "--refit-kkt", "0"), ["--refit-kkt", "--refit-l1"], 2),
+        (("train", st, "--out", t / "m10.npz", "--workers", "1", "--scheduler", "tcp://127.0.0.1:1"),
+         ["--workers 1 and --scheduler", "give one"], 2),
+        (("train", st, "--out", t / "m11.npz", "--placement", "both"), ["--placement", "paths | single"], 2),
+        (("train", st, "--out", t / "m12.npz", "--gravity", "0.001"), ["--gravity", "sgd, tg", "--set gravity="], 2),
+        (("sparsify", model, "--store", st, "--epsilon", "0", "--out", t / "sp4.npz"), ["--epsilon", "> 0"], 2),
+        (("ingest", svm, svm, "--out", t / "o6.zarr"), ["given twice"], 1),
     ]
     before = _listing(t)
     for args, words, code in cases:
@@ -253,6 +259,12 @@ def test_json_output_is_strict_json():
     line = json_line({"auc": float("nan"), "bound": np.float64("inf"), "w": np.array([1.0, np.nan]), "n": np.int64(3)})
     assert json.loads(line, parse_constant=lambda c: pytest.fail(f"non-standard JSON constant {c}")) == {
         "auc": None, "bound": None, "w": [1.0, None], "n": 3}
+
+
+def test_every_command_takes_dash_h(base):
+    for args in (["train"], ["ingest"], ["evaluate"], ["registry", "show"], ["refit"], ["synth"]):
+        r = cli(*args, "-h")
+        assert r.returncode == 0 and "Usage:" in r.stdout, (args, r.stderr)
 
 
 def test_evaluate_notes_a_model_wider_than_the_store(base, tmp_path):

@@ -78,6 +78,16 @@ def test_regression_store_squared_loss(tmp_path, client):
     with pytest.raises(ValueError, match=r"labels are real numbers \(regression\); --algo tg with logistic loss "
                                          r"needs binary labels: use --loss squared"):
         fit(store, "tg", {}, passes=1, paths=1, client=None)
+    # stsgd has no squared loss: the advice names the algorithms that have one
+    with pytest.raises(ValueError, match=r"--algo stsgd has no squared loss; use --algo sgd or tg or .*ftrl.* with "
+                                         r"--loss squared"):
+        fit(store, "stsgd", {}, passes=1, paths=1, client=None)
+    # stability measures the RMSE on a regression store
+    from pipeline.stability import stability_runs
+
+    res = stability_runs(store, "l1proj", {"radius": Z, "eta": 0.05, "loss": "squared"}, runs=2, passes=1)
+    assert res["metric"] == "rmse" and res["rmse_mean"] > 0 and "error_mean" not in res
+    assert [set(r) >= {"rmse", "seed"} for r in res["per_run"]] == [True, True]
 
 
 def test_params_validated():

@@ -297,12 +297,26 @@ def test_job_file_keys(tmp_path):
             f.write(text.replace(old, new))
         with pytest.raises(ValueError, match=cause):
             load_job(p)
-    with pytest.raises(ValueError, match=r"job.toml: gate.max_change must be a number, got 'x'"):
+    # a valid file with a bad flag: the error names the command line, not the file
+    with pytest.raises(ValueError, match=r"^the command line's settings \(with .*job.toml\): gate.max_change must be a "
+                                         r"number, got 'x'"):
         load_job(_job(str(tmp_path / "e")), {"gate": {"max_change": "x"}})
+    for bad in ("max_unseen_share = 1.5", "max_nnz_ratio = 0.5", "min_rows = -1"):
+        with pytest.raises(ValueError, match=r"job.toml: \[validation\] " + bad.split()[0] + " must be in"):
+            load_job(_job(str(tmp_path / "f"), f"[validation]\n{bad}\n"))
     from cli.model_cmds import RUN_KEYS
 
-    # [train] takes what `train --config` takes, but the training window, which is the job's [window] table
-    assert TRAIN_RUN_KEYS == set(RUN_KEYS) - {"generations"}
+    # [train] takes what `train --config` takes, but the training window, which is the job's [window] table, and
+    # the per-pass evaluation's keys (the job evaluates once a night): refused, not ignored
+    assert TRAIN_RUN_KEYS == set(RUN_KEYS) - {"generations", "record_path", "evaluate_every"}
+    for key, val in (("record_path", '"x.jsonl"'), ("evaluate_every", "2")):
+        p = _job(str(tmp_path / "g"))
+        with open(p) as f:
+            text = f.read()
+        with open(p, "w") as f:
+            f.write(text.replace("passes = 3", f"passes = 3\n{key} = {val}"))
+        with pytest.raises(ValueError, match=f"job.toml: train.{key}: the job evaluates once a night"):
+            load_job(p)
 
 
 def test_retrain_without_new_trains_on_current_window(base2, tmp_path):
@@ -419,6 +433,20 @@ def test_an_stsgd_job_refits_by_default_like_train(days, tmp_path):
     on, off = models["default"], models["off"]
     assert "refit" in on.meta and "refit" not in off.meta
     assert on.meta["refit"]["nnz_before"] == off.nnz and set(on.coef_indices) <= set(off.coef_indices)
+
+
+def test_a_corrupt_store_is_exit_5_in_the_json_too(base2, tmp_path):
+    d = _copy(base2[0], tmp_path / "night")
+    man = read_manifest(os.path.join(d, "store.zarr"))
+    key = next(b["key"] for b in man["blocks"] if b["split"] == "train")
+    chunk = os.path.join(d, "store.zarr", "blocks", key, "data", "c", "0")
+    raw = bytearray(open(chunk, "rb").read())
+    raw[len(raw) // 2] ^= 0xFF
+    open(chunk, "wb").write(bytes(raw))
+    r = CliRunner().invoke(app, ["retrain", "--config", os.path.join(d, "job.toml"), "--json"])
+    assert r.exit_code == 5 and key in r.output, r.output
+    assert json.loads(r.stdout)["exit_code"] == 5
+    assert open_registry(os.path.join(d, "models")).run_log()[-1]["event"] == "error"
 
 
 def test_a_bad_train_value_is_refused_before_the_store_changes(base2, days, tmp_path):

@@ -148,9 +148,14 @@ def test_no_verify_reads_a_block_with_a_wrong_value(good, tmp_path):
     st_path = _copy(good, tmp_path)
     key = open_store(st_path).entries("train")[0]["key"]
     _damage(st_path, key, "raw:data")
+    r = cli("train", st_path, "--out", tmp_path / "m.npz", "--passes", "1", "--algo", "sgd", "--no-refit")
+    assert r.returncode == 5 and "--no-verify reads it anyway" in r.stderr, r.stderr  # a checksum mismatch
     r = cli("train", st_path, "--out", tmp_path / "m.npz", "--passes", "1", "--algo", "sgd", "--no-verify")
     assert r.returncode == 0, r.stderr
     assert (tmp_path / "m.npz").exists()
+    # the environment's SPARSEPIPE_VERIFY=0 is --no-verify for every command (docs/engine.md)
+    r = cli("evaluate", tmp_path / "m.npz", st_path, "--split", "train", env={"SPARSEPIPE_VERIFY": "0"})
+    assert r.returncode == 0, r.stderr
     # the library: Store(verify=False) reads it, the default refuses it, to_dask() too
     assert open_store(st_path, verify=False).block(key).data.shape[0] > 0
     with pytest.raises(StoreCorruptError):
@@ -204,6 +209,7 @@ def test_a_manifest_listing_a_missing_block(good, tmp_path):
     fmt.write_manifest(str(st_path), man)
     r = cli("train", st_path, "--out", tmp_path / "m.npz", "--passes", "1", "--algo", "sgd")
     assert r.returncode == 5 and "9999-0000-000000" in r.stderr and "missing" in r.stderr, r.stderr
+    assert "--no-verify" not in r.stderr  # nothing to read anyway: no such advice
     assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
     assert not (tmp_path / "m.npz").exists()
     r = cli("verify", st_path, "--json")

@@ -156,7 +156,10 @@ def describe(name: str) -> dict:
         desc = own.splitlines()[0]
     desc = getattr(mod, "DESCRIPTION", None) or desc.rstrip(".:").rstrip()
     paper = getattr(mod, "PAPER", None) or paper
-    comments = _field_comments(params)
+    comments = {}
+    for base in reversed(params.__mro__):  # inherited fields keep their comments (sgd's are TG's)
+        if dataclasses.is_dataclass(base):
+            comments.update({k: v for k, v in _field_comments(base).items() if v})
     out = []
     for f in dataclasses.fields(params):
         meta = dict(f.metadata or {})

@@ -91,7 +91,7 @@ class STSGDParams:
     loss: str = "logistic"          # logistic | hinge
     eta: float = 1.0                # η; η_t = η/√t with schedule "sqrt" (the R code), η with "constant";
                                     # with scale "data" in units of 1/E‖x‖² (the store's mean squared row norm)
-    schedule: str = "constant"      # constant | sqrt (1/sqrt(t), t = per-path update count; the R code)
+    schedule: str = "constant"      # constant | sqrt (1/sqrt(t), t = per-path update count; the R code; alias invsqrt)
     K: int = 1000                   # K0, burst size (ST-2/ST-3); the paper's 5 is an option. With scale "data"
                                     # at most rows/20, so a stage holds at least ~20 bursts
     n_K: int = 0                    # bursts per stage; 0 = no limit (stage = a pass / --stage-blocks blocks);

@@ -31,16 +31,19 @@ def set_verify(on: bool) -> None:
     os.environ[VERIFY_ENV] = "1" if on else "0"
 
 
-def corrupt(store: str, entry: dict, cause: str, sources: list | None = None) -> StoreCorruptError:
+def corrupt(store: str, entry: dict, cause: str, sources: list | None = None,
+            readable: bool = False) -> StoreCorruptError:
     """A :class:`StoreCorruptError` naming the store, the block, its source (file and byte range or first
-    line), the cause and the remedy."""
+    line), the cause and the remedy (``readable``: arrays that decode but fail the checksum, which the
+    command's ``--no-verify`` reads anyway)."""
     src = entry.get("source")
     name = sources[src]["path"] if sources and isinstance(src, int) and 0 <= src < len(sources) else f"source {src}"
     rng = entry.get("byte_range")
     where = (f"bytes {rng[0]}-{rng[1]} of {name}" if rng else f"{name} from line {entry.get('first_line')}")
     return StoreCorruptError(
         f"{store}: block {entry.get('key')} ({where}) is corrupt: {cause}; re-ingest that source or restore "
-        f"the store from a copy (`sparsepipe verify {store}` lists every bad block; --no-verify reads it anyway)")
+        f"the store from a copy (`sparsepipe verify {store}` lists every bad block"
+        + ("; the command's --no-verify reads it anyway)" if readable else ")"))
 
 
 @dataclass
@@ -56,8 +59,9 @@ class Block:
     check: bool | None = None  # verify the checksum on read (None: :func:`verify_default`)
     out: tuple | None = None  # arrays to decode indptr, indices, data, labels into (their heads; see _raw)
 
-    def error(self, cause: str) -> StoreCorruptError:
-        return corrupt(self.store or os.path.dirname(os.path.dirname(self.path)), self.entry, cause, self.sources)
+    def error(self, cause: str, readable: bool = False) -> StoreCorruptError:
+        return corrupt(self.store or os.path.dirname(os.path.dirname(self.path)), self.entry, cause, self.sources,
+                       readable)
 
     @cached_property
     def _raw(self):
@@ -92,7 +96,7 @@ class Block:
             from pipeline.store import checksum
 
             if not checksum.matches(self.entry["checksum"], *arrays):
-                raise self.error("its arrays do not match the manifest checksum")
+                raise self.error("its arrays do not match the manifest checksum", readable=True)
         return arrays
 
     @property
