@@ -2,16 +2,20 @@
 from __future__ import annotations
 
 import atexit
+import contextlib
 import gc
 import json
 import os
+import signal
 import sys
+import threading
+
 import typer
 
 # Exit codes of every command: 0 success, 1 an error in the input or the environment (one 'error: ...' line),
 # 2 a usage error (options), 3/4 retrain (another run holds the lock / validation refused), 5 a corrupt store
-# (a block does not match its manifest checksum or cannot be decoded), 130 interrupted.
-EXIT_ERROR, EXIT_USAGE, EXIT_CORRUPT = 1, 2, 5
+# (a block does not match its manifest checksum or cannot be decoded), 130 interrupted (Ctrl-C), 143 SIGTERM.
+EXIT_ERROR, EXIT_USAGE, EXIT_CORRUPT, EXIT_INTERRUPTED, EXIT_TERMINATED = 1, 2, 5, 130, 143
 DEBUG_ENV = "SPARSEPIPE_DEBUG"
 
 
@@ -20,10 +24,14 @@ class App(typer.Typer):
     its traceback with ``SPARSEPIPE_DEBUG=1`` / ``--debug``."""
 
     def __call__(self, *args, **kwargs):
-        from typer import _click as click  # typer's own copy of click (its exceptions)
-
         atexit.unregister(_quick_teardown)  # once per process, however often the app is called
         atexit.register(_quick_teardown)
+        with _terminate_as_interrupt():
+            self._run(*args, **kwargs)
+
+    def _run(self, *args, **kwargs):
+        from typer import _click as click  # typer's own copy of click (its exceptions)
+
         try:
             rv = super().__call__(*args, standalone_mode=False, **kwargs)
         except click.exceptions.NoArgsIsHelpError as e:
@@ -48,7 +56,36 @@ class App(typer.Typer):
                                                   f" (an unexpected {type(e).__name__}; run with --debug or "
                                                   f"{DEBUG_ENV}=1 for the traceback to report it)"), err=True)
             sys.exit(code)
+        if rv == EXIT_INTERRUPTED:  # typer's answer to a KeyboardInterrupt: Ctrl-C, or SIGTERM (Terminated)
+            typer.echo(f"error: {'terminated (SIGTERM)' if _TERMINATED else 'interrupted'}; the work stopped where it "
+                       f"was and cleaned up (nothing half-written is kept)", err=True)
+            sys.exit(EXIT_TERMINATED if _TERMINATED else EXIT_INTERRUPTED)
         sys.exit(rv if isinstance(rv, int) else 0)
+
+
+_TERMINATED: list = []  # the SIGTERM received, if any
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (systemd's stop, `timeout`), raised where the process is, like Ctrl-C's KeyboardInterrupt, so that
+    the same clean-up runs (temporary stores and block folders removed, locks released)."""
+
+
+@contextlib.contextmanager
+def _terminate_as_interrupt():
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def on_term(signum, frame):
+        _TERMINATED.append(signum)
+        raise Terminated()
+
+    old = signal.signal(signal.SIGTERM, on_term)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old)
 
 
 def _quick_teardown():
@@ -69,7 +106,8 @@ app = App(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=F
           help="Out-of-core sparse linear learning: ingest LIBSVM text into a chunked zarr store, "
                "train sparse models (SGD, truncated gradient, STSGD, ...) over its blocks with Dask "
                "and numba, evaluate on held-out blocks. Exit codes: 0 success, 1 error (one 'error:' line; "
-               "--debug or SPARSEPIPE_DEBUG=1 shows the traceback), 2 usage, 5 corrupt store.")
+               "--debug or SPARSEPIPE_DEBUG=1 shows the traceback), 2 usage, 5 corrupt store, 130 interrupted "
+               "(Ctrl-C), 143 terminated (SIGTERM).")
 
 
 @app.callback()

@@ -1,7 +1,6 @@
 """Model commands: train, evaluate, predict."""
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Optional
 
@@ -140,9 +139,9 @@ def train(
         if model.meta["provenance"].get("after_stop"):
             typer.echo(f"note: {init_model}'s training had ended by {name}'s stopping rule, so it is final; this "
                        f"run warm-started from its weights instead of resuming it", err=True)
-        model.save(out)
-        if run.get("record_path"):
+        if run.get("record_path"):  # first: a record that cannot be written leaves no model either
             _write_record(Path(run["record_path"]), model.meta["history"])
+        model.save(out)
     except user_errors() as e:
         fail(str(e))
     tim = model.meta["provenance"]["timing"]
@@ -232,15 +231,12 @@ def refit_options(on: bool, l2: float | None, iters: int | None, l1: str | None 
 
 
 def _write_record(path: Path, history: list) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        for h in history:
-            if "stopped" in h:
-                continue
-            ho = h.get("holdout") or {}
-            f.write(json_line({"stage": h["stage"], "pass": h["pass"], "density": h.get("density"),
-                               "nnz": h.get("nnz"), **{f"holdout_{k}": v for k, v in ho.items()}}) + "\n")
-    os.replace(tmp, path)
+    from pipeline.atomic import write_atomically
+
+    lines = [json_line({"stage": h["stage"], "pass": h["pass"], "density": h.get("density"), "nnz": h.get("nnz"),
+                        **{f"holdout_{k}": v for k, v in (h.get("holdout") or {}).items()}}) + "\n"
+             for h in history if "stopped" not in h]
+    write_atomically(path, lambda f: f.write("".join(lines).encode()), durable=False)
 
 
 @app.command()

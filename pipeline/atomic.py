@@ -78,9 +78,11 @@ def write_atomically(path, fill, suffix: str = ".tmp", durable: bool = True) -> 
                 f.flush()
                 os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         if os.path.exists(tmp):
             os.unlink(tmp)
+        if isinstance(e, OSError) and e.filename is None:  # a write on the descriptor (ENOSPC): name the file
+            raise OSError(e.errno, e.strerror, path) from None
         raise
     if durable:
         fsync_dir(d)

@@ -194,10 +194,30 @@ def local_cluster(workers: int, memory_limit, silence_logs: int = logging.ERROR,
     # around the cluster's start alone would reach the first workers only: a nanny's copy shares the nested dicts)
     with dask.config.set({**(QUIET if quiet else {}), **NO_STEALING}):  # and the scheduler's and nannies' here
         config = dask.config.update(copy.deepcopy(dask.config.config), NO_PAUSE)
-        with LocalCluster(n_workers=workers, threads_per_worker=1, processes=True, host="127.0.0.1",
-                          dashboard_address="127.0.0.1:0", silence_logs=silence_logs, memory_limit=memory_limit,
-                          config=config) as cluster:
+        with _children_ignore_sigint():
+            cluster = LocalCluster(n_workers=workers, threads_per_worker=1, processes=True, host="127.0.0.1",
+                                   dashboard_address="127.0.0.1:0", silence_logs=silence_logs,
+                                   memory_limit=memory_limit, config=config)
+        with cluster:
             yield cluster
+
+
+@contextlib.contextmanager
+def _children_ignore_sigint():
+    """Worker processes started in the body ignore SIGINT: a terminal's Ctrl-C reaches every process of its
+    group, and a worker that raised KeyboardInterrupt printed its traceback; the command's own process stops the
+    work and closes the cluster. (An ignored signal is inherited through exec and Python keeps it ignored; a
+    Ctrl-C during the cluster's start, a second or two, is ignored too.)"""
+    import signal
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    old = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, old)
 
 
 STEALING_NOTE_BYTES = 32 << 20  # dense float64 weights from this size (4.2M features) make stealing cost memory

@@ -1,9 +1,11 @@
 """Metrics on held-out blocks: per block partials, merged in a tree, then reduced to numbers (ALGORITHMS.md §6).
 
-Error counts f = 0 as an error (the STSGD R code's convention). AUC is exact (average ranks over all
+The error counts rows whose predicted label (the one `predict` writes: +1 where f > 0, else −1) is not y. AUC is exact (average ranks over all
 scores of the split); log-loss and hinge use the raw score f = w·x + b. Regression stores get RMSE.
 """
 from __future__ import annotations
+
+import os
 
 import numpy as np
 
@@ -92,10 +94,13 @@ def metrics_from_partial(part: dict, kind: str = "binary") -> dict:
 @reads_store("store_path")
 def evaluate_store(model, store_path: str, split: str = "holdout", client=None, blocks=None) -> dict:
     """Metrics of ``model`` on a split of a store (map over blocks, tree-merge the partials); ``blocks`` (keys)
-    restricts the split to those blocks (e.g. the newest generation's holdout)."""
+    restricts the split to those blocks (e.g. the newest generation's holdout); ``model`` may be a path."""
     from pipeline.engine import DaskExec, LocalExec, eval_task, tree
+    from pipeline.model import load_model
     from pipeline.store.reader import open_store
 
+    if isinstance(model, (str, os.PathLike)):
+        model = load_model(model, state=False)
     st = open_store(store_path)
     entries = st.entries(split, blocks)
     if not entries:

@@ -438,7 +438,9 @@ def _decide_labels(mode: str, counts: dict, first_line: dict, path: str, prefer:
 
 
 def _lock_path(out: str) -> str:
-    return os.path.abspath(out).rstrip("/") + ".lock"
+    """``STORE.lock`` beside the store's real path: two spellings of one store (a symlink, ``a/../b``) take the
+    same lock (a second mount of the same directory is not recognised)."""
+    return os.path.realpath(os.path.abspath(out).rstrip("/")) + ".lock"
 
 
 def _lock(out: str):
@@ -500,10 +502,13 @@ def ingest(inputs: list[str], out: str, options: IngestOptions | None = None, *,
     from pipeline.cluster import dask_client
 
     t0 = time.time()
-    o = options or IngestOptions()
+    o = IngestOptions(**options) if isinstance(options, dict) else options or IngestOptions()
+    if isinstance(inputs, (str, os.PathLike)):  # one file
+        inputs = [inputs]
+    inputs = [os.fspath(p) for p in inputs]
     if not inputs:
         raise IngestError("no input files given")
-    out = out.rstrip("/")
+    out = os.fspath(out).rstrip("/")
     lock_fd = _lock(out)
     try:
         old = None

@@ -362,9 +362,12 @@ class JobLock:
         """Record the holder (pid, host, run) in the lock file."""
         self.run = run
         info = {"pid": os.getpid(), "host": socket.gethostname(), "run": run, "since": now()}
-        os.ftruncate(self.fd, 0)
-        os.pwrite(self.fd, json.dumps(info).encode(), 0)
-        os.fsync(self.fd)
+        try:
+            os.ftruncate(self.fd, 0)
+            os.pwrite(self.fd, json.dumps(info).encode(), 0)
+            os.fsync(self.fd)
+        except OSError as e:
+            raise OSError(e.errno, e.strerror, self.reg.lock_path) from None
 
     def __exit__(self, *exc):
         if self.fd is not None:

@@ -1,12 +1,13 @@
 """Training entry point: algorithm + store -> engine -> Model with provenance and holdout metrics."""
 from __future__ import annotations
 
+import os
 import time
 
 import numpy as np
 
 from pipeline.algorithms import DEFAULT_ALGO, make_algorithm
-from pipeline.model import Model
+from pipeline.model import Model, load_model
 from pipeline.store.readlock import reads_store
 
 
@@ -40,9 +41,18 @@ def fit(store_path: str, algo: str = DEFAULT_ALGO, options: dict | None = None, 
     None: all training blocks.
     ``refit`` (a dict of :func:`pipeline.refit.refit` keywords: l2, max_iter, loss, tol; ``{}`` for the
     defaults) refits the selected support with an L2 penalty; the holdout metrics are then the refitted
-    model's (the sparse model's are kept in ``meta['refit']['holdout_before']``).
+    model's (the sparse model's are kept in ``meta['refit']['holdout_before']``). ``init_model`` may be a path.
+    The run settings are checked as `train` checks them (ValueError naming the setting).
     """
+    from pipeline.config import check_settings
     from pipeline.engine import train
+
+    run = {"passes": passes, "paths": paths, "seed": seed, "placement": placement, "stage_blocks": stage_blocks,
+           "evaluate_every": evaluate_every, "shuffle_window": shuffle_window}
+    check_settings({**run, **({"max_density": max_density} if max_density is not None else {})}, algo, "fit")
+    if isinstance(init_model, (str, os.PathLike)):
+        path, init_model = os.fspath(init_model), load_model(init_model)
+        init_model.meta["path"] = path
     from pipeline.store.reader import open_store
 
     from pipeline.store.stats import calibrate

@@ -1,6 +1,7 @@
 """A clean error for every bad input, in every command: real subprocesses of the CLI; for each case exit code
 != 0, one 'error: ...' line naming the thing and the cause, no traceback (worker logs included) and nothing
 half-written. SPARSEPIPE_DEBUG=1 / --debug shows the traceback. No lock file stays after an ingest."""
+import contextlib
 import gzip
 import json
 import os
@@ -158,6 +159,29 @@ def test_full_disk_during_ingest_commits_nothing(base, tmp_path):
             subprocess.run(["umount", str(small)], check=False)
 
 
+def test_a_full_disk_names_the_output_and_leaves_nothing(base, tmp_path):
+    """ENOSPC while saving the model or the --record-path file: the error names the file, no temporary file stays,
+    and a record that cannot be written leaves no model either (it is written first)."""
+    small = _small_filesystem(tmp_path / "small")
+    if small is None:
+        pytest.skip("needs root to mount a small tmpfs")
+    try:
+        fd = os.open(small / "fill", os.O_CREAT | os.O_WRONLY)
+        with contextlib.suppress(OSError):
+            while True:
+                os.write(fd, b"x" * 1024)
+        os.close(fd)
+        for args, name in (([ "--out", small / "m.npz"], "m.npz"),
+                           (["--out", tmp_path / "m.npz", "--record-path", small / "r.jsonl"], "r.jsonl")):
+            r = cli("train", base / "st.zarr", "--algo", "tg", "--passes", "1", *args)
+            last = r.stderr.strip().splitlines()[-1]  # after the pass's progress line
+            assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
+            assert last.startswith("error: ") and str(small / name) in last and "No space left on device" in last
+            assert os.listdir(small) == ["fill"] and not (tmp_path / "m.npz").exists()
+    finally:
+        subprocess.run(["umount", str(small)], check=False)
+
+
 def test_debug_shows_the_traceback(base, tmp_path):
     (tmp_path / "trunc.npz").write_bytes((base / "m.npz").read_bytes()[:2000])
     r = cli("--debug", "evaluate", tmp_path / "trunc.npz", base / "st.zarr")
@@ -189,6 +213,15 @@ def test_no_lock_file_after_ingest_and_a_held_lock_still_refuses(base, tmp_path)
     finally:
         _unlock(str(tmp_path / "x.zarr"), fd)
     assert not (tmp_path / "x.zarr.lock").exists()
+    # the same store through a symlink is the same writer's lock (two appends through two spellings wrote the
+    # same generation's blocks and deleted each other's)
+    (tmp_path / "link.zarr").symlink_to(out)
+    fd = _lock(str(out))
+    try:
+        r = cli("ingest", tmp_path / "t.svm", "--out", tmp_path / "link.zarr", "--append")
+        assert_clean(r, "another sparsepipe process is writing", code=1)
+    finally:
+        _unlock(str(out), fd)
 
 
 def test_json_runs_print_one_json_line_per_pass_on_stderr_when_not_a_terminal(base, tmp_path):
@@ -282,3 +315,56 @@ def test_evaluate_notes_a_model_wider_than_the_store(base, tmp_path):
     assert f"its {beyond:,} non-zeros past the store's width score nothing here" in r.stderr
     r = cli("evaluate", base / "m.npz", base / "st.zarr", "--json")
     assert "nnz_beyond_store" not in json.loads(r.stdout) and "note:" not in r.stderr
+
+
+@pytest.mark.parametrize("sig, code, word", [(signal.SIGINT, 130, "interrupted"),
+                                             (signal.SIGTERM, 143, "terminated (SIGTERM)")])
+def test_ctrl_c_and_sigterm_stop_a_cluster_run_with_one_line(base, tmp_path, sig, code, word):
+    """Ctrl-C reaches the terminal's whole process group (workers of --workers 2 included): one 'error:' line
+    and exit 130, no worker tracebacks, nothing written, no process left. SIGTERM (systemd, `timeout`) to the
+    command: the same clean stop, exit 143."""
+    out = tmp_path / "m.npz"
+    p = subprocess.Popen([sys.executable, "-m", "cli.main", "train", str(base / "st.zarr"), "--out", str(out),
+                          "--algo", "tg", "--passes", "100000", "--workers", "2"], stderr=subprocess.PIPE,
+                         text=True, env=ENV, start_new_session=True,
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    try:
+        for line in p.stderr:  # the workers run passes
+            if line.startswith("pass") and " 3 " in line[:10]:
+                break
+        (os.killpg if sig == signal.SIGINT else os.kill)(p.pid, sig)
+        rest = p.stderr.read()
+        assert p.wait(timeout=60) == code, rest
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+    lines = [ln for ln in rest.splitlines() if not ln.startswith("pass")]
+    assert "Traceback" not in rest and len(lines) == 1 and lines[0].startswith(f"error: {word}"), rest
+    assert not out.exists() and sorted(os.listdir(tmp_path)) == []
+    time.sleep(1)
+    left = subprocess.run(["ps", "-o", "pid=,args=", "-s", str(p.pid)], capture_output=True, text=True).stdout.splitlines()
+    assert [ln for ln in left if "<defunct>" not in ln] == [], left  # no worker outlived the command (an exited
+    # one stays a zombie where the container's first process reaps nothing)
+
+
+def test_library_calls_take_paths_and_check_their_settings(base, tmp_path):
+    """What a script or notebook passes: a Path or one file name, an options dict, a model file name; settings
+    `train` refuses are ValueErrors naming them, not ZeroDivisionError or a silent default."""
+    from pathlib import Path
+
+    from pipeline.evaluate import evaluate_store
+    from pipeline.ingest import ingest
+    from pipeline.model import load_model
+    from pipeline.train import fit
+
+    s = ingest(str(base / "s.svm"), Path(tmp_path / "one.zarr"), {"block_mb": 0.02, "holdout": 0.2})
+    assert s["n_rows"] == 600 and s["holdout_blocks"] > 0
+    st = str(base / "st.zarr")
+    for kw, word in (({"evaluate_every": 0}, "'evaluate_every' must be >= 1"), ({"passes": 0}, "'passes' must be >= 1"),
+                     ({"passes": "2"}, "'passes' must be an integer"), ({"placement": "bogus"}, "'placement' must be one of"),
+                     ({"max_density": -1.0}, "'max_density' must be >= 0")):
+        with pytest.raises(ValueError, match=word):
+            fit(st, "tg", {}, **kw)
+    m = fit(st, "tg", {}, passes=2, init_model=str(base / "m.npz"))  # a model file's name: warm start from it
+    assert m.meta["provenance"]["init_model"] == str(base / "m.npz") and m.meta["provenance"]["resumed"] is False
+    assert evaluate_store(str(base / "m.npz"), st) == evaluate_store(load_model(base / "m.npz"), st)
