@@ -73,19 +73,32 @@ class Terminated(KeyboardInterrupt):
 
 @contextlib.contextmanager
 def _terminate_as_interrupt():
+    """While a command runs: SIGTERM raises :class:`Terminated`, and both it and Ctrl-C are recorded in
+    :mod:`pipeline.interrupt` (an exception raised inside a garbage-collection callback is lost)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
+    from pipeline import interrupt
 
     def on_term(signum, frame):
         _TERMINATED.append(signum)
+        interrupt.RECEIVED.append(signum)
         raise Terminated()
 
-    old = signal.signal(signal.SIGTERM, on_term)
+    def on_int(signum, frame):
+        interrupt.RECEIVED.append(signum)
+        raise KeyboardInterrupt()
+
+    interrupt.RECEIVED.clear()
+    _TERMINATED.clear()
+    old_term, old_int = signal.signal(signal.SIGTERM, on_term), signal.getsignal(signal.SIGINT)
+    if old_int is signal.default_int_handler:  # not when the command was started with SIGINT ignored
+        signal.signal(signal.SIGINT, on_int)
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, old)
+        signal.signal(signal.SIGTERM, old_term)
+        signal.signal(signal.SIGINT, old_int)
 
 
 def _quick_teardown():

@@ -29,6 +29,7 @@ from functools import lru_cache
 
 import numpy as np
 
+from pipeline import interrupt
 from pipeline.algorithms.base import Algorithm, copy_state
 
 CURSOR = "cursor"  # int64[3]: pass index, position in this pass's block list, row position in the block
@@ -510,6 +511,7 @@ def _report(ex, rec: dict, due: bool, evaluation, holdout, history: list, progre
     if due:
         rec["holdout"] = _metrics(ex, holdout, evaluation)
     history.append(rec)
+    interrupt.check()  # a Ctrl-C whose exception a garbage-collection callback swallowed stops the run here
     if progress:
         progress(rec)
 

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from pipeline.algorithms import DEFAULT_ALGO
+from pipeline import interrupt
 from pipeline.config import RUN_MIN, RUN_TYPES, WANT, check_settings, type_ok
 from pipeline.registry import LockedError, RegistryError, open_registry
 
@@ -62,7 +63,9 @@ METRICS = {"error": False, "auc": True, "logloss": False, "rmse": False}  # name
 
 
 def fault(name: str) -> None:
-    """Kill this process (SIGKILL, no clean-up) when ``$SPARSEPIPE_FAULT`` names this point."""
+    """Kill this process (SIGKILL, no clean-up) when ``$SPARSEPIPE_FAULT`` names this point; stop here if an
+    interrupt was received and lost (:func:`pipeline.interrupt.check`)."""
+    interrupt.check()
     spec = os.environ.get(FAULT_ENV)
     if not spec:
         return

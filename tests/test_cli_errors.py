@@ -368,3 +368,18 @@ def test_library_calls_take_paths_and_check_their_settings(base, tmp_path):
     m = fit(st, "tg", {}, passes=2, init_model=str(base / "m.npz"))  # a model file's name: warm start from it
     assert m.meta["provenance"]["init_model"] == str(base / "m.npz") and m.meta["provenance"]["resumed"] is False
     assert evaluate_store(str(base / "m.npz"), st) == evaluate_store(load_model(base / "m.npz"), st)
+
+
+def test_an_interrupt_whose_exception_was_swallowed_still_stops_the_work():
+    """Python drops an exception raised in a garbage-collection callback (Dask installs one): the command's
+    handler records the signal, and the engine's stage report and the nightly job's steps raise it again."""
+    from pipeline import interrupt
+    from pipeline.retrain import fault
+
+    fault("after_append")  # nothing received: nothing happens
+    interrupt.RECEIVED.append(signal.SIGINT)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            fault("after_append")
+    finally:
+        interrupt.RECEIVED.clear()
