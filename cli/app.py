@@ -99,6 +99,7 @@ def _terminate_as_interrupt():
     finally:
         signal.signal(signal.SIGTERM, old_term)
         signal.signal(signal.SIGINT, old_int)
+        interrupt.RECEIVED.clear()  # library calls later in this process start afresh
 
 
 def _quick_teardown():

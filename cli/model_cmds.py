@@ -6,8 +6,8 @@ from typing import Optional
 
 import typer
 
-from cli.app import (Progress, app, apply_verify, check_choice, check_output, count, emit_json, fail, json_line, no_verify_option,
-                     user_errors)
+from cli.app import (Progress, app, apply_verify, check_choice, check_output, count, emit_json, fail, json_line,
+                     no_verify_option, user_errors)
 from cli.train_options import RUN_KEYS, SWITCHES, TrainingOptions, read_config, training_options  # noqa: F401
 
 

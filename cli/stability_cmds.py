@@ -55,5 +55,6 @@ def stability(
         emit_json(res)
         return
     typer.echo(f"{algo} over {runs} orderings ({res['split']} of {res['test_store'] or res['store']}): "
-               f"{res['metric']} {res[res['metric'] + '_mean']:.4f} ± {res[res['metric'] + '_sd']:.4f}, density {res['density_mean']:.5f} ± "
+               f"{res['metric']} {res[res['metric'] + '_mean']:.4f} ± {res[res['metric'] + '_sd']:.4f}, "
+               f"density {res['density_mean']:.5f} ± "
                f"{res['density_sd']:.5f}, kappa {res['kappa']:.4f}")

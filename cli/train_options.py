@@ -61,7 +61,8 @@ OPTIONS = [
     Opt("loss", Optional[str], "logistic | hinge | squared (the algorithm's default otherwise)."),
     Opt("passes", Optional[int], "Passes over the training blocks (default 5).", kind="run", min=1),
     Opt("eta", Optional[float], "Learning rate.", min=0.0),
-    Opt("schedule", Optional[str], "constant | sqrt (eta/sqrt(t)) | invscaling (eta/t^power_t; sgd, tg, l1proj, fobos)."),
+    Opt("schedule", Optional[str], "constant | sqrt (eta/sqrt(t)) | invscaling (eta/t^power_t; sgd, tg, l1proj, "
+                                   "fobos)."),
     Opt("power_t", Optional[float], "Exponent of invscaling: eta / t**power_t.", min=0.0),
     Opt("decay", Optional[float], "Per-pass factor on eta (sgd/tg; default 1).", min=0.0, max=1.0),
     Opt("l2", Optional[float], "L2 weight decay (needs theta = inf for tg).", min=0.0),

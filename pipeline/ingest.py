@@ -525,7 +525,8 @@ def ingest(inputs: list[str], out: str, options: IngestOptions | None = None, *,
             size = file_size(path)
             fp = fingerprint(path, size)
             if fp in known and known[fp]["generation"] == "this run":
-                raise IngestError(f"{path}: given twice (the same content as {known[fp]['path']}); give each input once")
+                raise IngestError(f"{path}: given twice (the same content as {known[fp]['path']}); give each input "
+                                  f"once")
             if fp in known:
                 raise IngestError(f"{path}: already ingested into {out} (same fingerprint as "
                                   f"{known[fp]['path']}, generation {known[fp]['generation']}); refusing to append twice")

@@ -399,9 +399,11 @@ def run_job(cfg: JobConfig, new_inputs: list[str] | None = None, *, force: bool 
         steps["lock"] = round(time.time() - t0, 3)
         say("lock", f"lock taken{' (stale lock taken over)' if lock.stale else ''}")
         return _run_locked(cfg, reg, lock, clients, new_inputs, force, steps, t_all, say)
-    except Exception as e:  # the run log says how the run ended (a kill leaves its "start" alone)
+    except BaseException as e:  # the run log says how the run ended (a kill leaves its "start" alone)
+        event = {"event": "interrupted"} if isinstance(e, KeyboardInterrupt) else \
+            {"event": "error", "error": f"{type(e).__name__}: {e}"}
         with contextlib.suppress(Exception):
-            reg.log({"event": "error", "run": getattr(lock, "run", None), "error": f"{type(e).__name__}: {e}"})
+            reg.log({**event, "run": getattr(lock, "run", None)})
         raise
     finally:
         clients.close()

@@ -174,7 +174,8 @@ class SCD(Algorithm):
         d = w.shape[0]
         code = LOSS_CODES[self.params.loss]
         if d:  # a store without columns (rows of labels only) leaves nothing to scan
-            coords = np.random.default_rng([self.params.seed, scan]).integers(0, d, size=max(1, round(self.params.scan * d)))
+            rng = np.random.default_rng([self.params.seed, scan])
+            coords = rng.integers(0, d, size=max(1, round(self.params.scan * d)))
             beta = BETA[self.params.loss] * (msq if self.params.curvature == "column" else np.ones(d))
             K.scd_steps(cindptr, rowidx, cdata, y, state["z"], w, coords.astype(np.int64), beta, self.params.lam, code)
         state["istate"][0] = scan + 1
