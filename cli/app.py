@@ -126,9 +126,22 @@ app = App(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=F
 
 @app.callback()
 def _main(debug_flag: bool = typer.Option(False, "--debug", help="Show Python tracebacks of errors (as "
-                                                                  "SPARSEPIPE_DEBUG=1 does), for bug reports.")):
+                                                                  "SPARSEPIPE_DEBUG=1 does), for bug reports."),
+          version: bool = typer.Option(False, "--version", is_eager=True, help="Print the version and exit.",
+                                       callback=lambda v: _print_version() if v else None)):
     if debug_flag:
         os.environ[DEBUG_ENV] = "1"
+
+
+def _print_version():
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        v = version("sparsepipe")
+    except PackageNotFoundError:  # run from a checkout without installing
+        v = "unknown (not installed)"
+    typer.echo(f"sparsepipe {v} (Python {sys.version.split()[0]})")
+    raise typer.Exit(0)
 
 
 def debug() -> bool:
@@ -233,21 +246,28 @@ class Progress:
         self.enabled = sys.stderr.isatty() if enabled is None else enabled
         self.bar = None
         if self.enabled:
+            from rich.console import Console
             from rich.progress import BarColumn, Progress as RichProgress, TextColumn, TimeElapsedColumn
 
             self.bar = RichProgress(TextColumn("{task.description}"), BarColumn(),
                                     TextColumn("{task.fields[info]}"), TimeElapsedColumn(),
-                                    transient=False, console=None)
+                                    transient=False, console=Console(stderr=True))
             self.bar.start()
             self.task = self.bar.add_task(label, total=total, info="")
 
-    def update(self, completed: float, info: str = "") -> None:
+    def update(self, completed: float | None = None, info: str = "") -> None:
         if self.bar is not None:
             self.bar.update(self.task, completed=completed, info=info)
+
+    def log(self, line: str) -> None:
+        """A line kept above the bar (a pass's figures), whole however wide."""
+        if self.bar is not None:
+            self.bar.console.print(line, markup=False, highlight=False, soft_wrap=True)
 
     def close(self) -> None:
         if self.bar is not None:
             self.bar.stop()
+            self.bar = None
 
 
 USER_ERROR_CLASSES = (("pipeline.ingest", "IngestError"), ("pipeline.store.format", "StoreError"),

@@ -108,30 +108,34 @@ def train(
 
         def progress(rec):
             h = rec.get("holdout") or {}
-            extra = "".join(f"{k} {v:.4g}  " for k, v in rec.items()
+            extra = "".join(f"  {k} {_figure(v)}" for k, v in rec.items()
                             if k not in _PRINTED and isinstance(v, (int, float)))
             line = (f"pass {rec['pass']:>3}  stage {rec['stage']:>4}  nnz {rec.get('nnz', 0):>10,}  "
-                    f"density {rec.get('density', 0):.4f}  {extra}" +
+                    f"density {rec.get('density', 0):.4f}  " +
                     (f"holdout error {h['error']:.4f} logloss {h['logloss']:.4f}  " if 'error' in h else "") +
-                    (f"holdout rmse {h['rmse']:.4f}  " if 'rmse' in h else "") + f"{rec['seconds']:.2f}s")
-            if bar.bar is not None:
-                bar.update(rec["pass"], line)
+                    (f"holdout rmse {h['rmse']:.4f}  " if 'rmse' in h else "") + f"{rec['seconds']:.2f}s" + extra)
+            if bar.bar is not None:  # a terminal: the whole line kept above the bar
+                bar.log(line)
+                bar.update(rec["pass"], f"pass {rec['pass']}")
             elif as_json:  # not a terminal: one JSON line per pass for cron and CI logs
                 typer.echo(json_line({"event": "pass", **rec}), err=True)
             else:
                 typer.echo(line, err=True)
 
-        with dask_client(run.get("workers"), run.get("scheduler")) as client:  # neither: threads here
-            model = fit(str(store), name, opts, passes=run.get("passes", 5), paths=n_paths, seed=run.get("seed", 0),
-                        client=client, init_model=init, placement=run.get("placement", "paths"),
-                        stage_blocks=run.get("stage_blocks", 0), max_density=run.get("max_density"),
-                        evaluate_every=run.get("evaluate_every", 1),
-                        shuffle_window=run.get("shuffle_window", 4), progress=progress,
-                        refit=refit_options(refit_by_default(name) if refit is None else refit, refit_l2,
-                                            refit_iters, refit_l1, refit_kkt, refit_relax, refit_adaptive,
-                                            refit_select),
-                        blocks=_window(str(store), run.get("generations", 0)))
-        bar.close()
+        refitting = refit_options(refit_by_default(name) if refit is None else refit, refit_l2, refit_iters,
+                                  refit_l1, refit_kkt, refit_relax, refit_adaptive, refit_select)
+        if refitting is not None and bar.bar is not None:
+            refitting["progress"] = lambda n: bar.update(info=f"refit on the support: {count(n, 'pass', 'passes')}")
+        try:
+            with dask_client(run.get("workers"), run.get("scheduler")) as client:  # neither: threads here
+                model = fit(str(store), name, opts, passes=run.get("passes", 5), paths=n_paths,
+                            seed=run.get("seed", 0), client=client, init_model=init,
+                            placement=run.get("placement", "paths"), stage_blocks=run.get("stage_blocks", 0),
+                            max_density=run.get("max_density"), evaluate_every=run.get("evaluate_every", 1),
+                            shuffle_window=run.get("shuffle_window", 4), progress=progress, refit=refitting,
+                            blocks=_window(str(store), run.get("generations", 0)))
+        finally:  # also on Ctrl-C: the terminal gets its cursor back before the error line
+            bar.close()
         if model.meta.get("stopped") == "diverged":
             fail(f"--algo {name} diverged in pass {model.meta['passes'] + 1}: its weights overflowed, so the model "
                  f"is not saved; a smaller step keeps them finite (`sparsepipe algorithms {name}` lists its step "
@@ -163,7 +167,7 @@ def train(
         if "refit" in summary:
             r, hb = summary["refit"], summary["refit"]["holdout_before"] or {}
             typer.echo(f"refit ({r['loss']}, l1 {r['l1']:g}, l2 {r['l2']:g}): {r['nnz_before']:,} -> {model.nnz:,} "
-                       f"non-zeros, {r['iterations']} iterations, {r['evaluations']} passes in {r['seconds']:.1f}s" +
+                       f"non-zeros, {r['iterations']:,} iterations, {r['evaluations']:,} passes in {r['seconds']:.1f}s" +
                        (f"; before refit: holdout error {hb['error']:.4f}, AUC {hb['auc']:.4f}" if "error" in hb else "") +
                        (f"; before refit: holdout RMSE {hb['rmse']:.4f}" if "rmse" in hb else ""))
         if not h:
@@ -188,6 +192,13 @@ def _window(store: str, last: int):
 _PRINTED = {"pass", "stage", "nnz", "density", "seconds", "elapsed", "holdout"}
 _REFIT_SUMMARY = ("l1", "l1_rule", "select", "l2", "adaptive", "kkt", "loss", "iterations", "evaluations", "objective",
                   "grad_norm", "converged", "seconds", "holdout_before", "nnz_before")
+
+
+def _figure(v) -> str:
+    """A per-pass figure as a person reads it: counts with thousands separators, the rest to 4 digits."""
+    if isinstance(v, int) or (isinstance(v, float) and v.is_integer() and abs(v) < 1e15):
+        return f"{int(v):,}"
+    return f"{v:.4g}"
 
 
 def refit_options(on: bool, l2: float | None, iters: int | None, l1: str | None = None,

@@ -103,7 +103,8 @@ def _summary(res: dict) -> str:
     secs = res.get("seconds", {})
     tail = f" ({secs.get('total', 0):.1f}s: " + ", ".join(f"{k} {v:.1f}s" for k, v in secs.items() if k != "total") + ")"
     if st == "refused":
-        return f"retrain {res['run']}: REFUSED generation {res.get('generation')}: {res['reason']}" + tail
+        return (f"retrain {res['run']}: REFUSED generation {res.get('generation')}: {res['reason']}" + tail +
+                "; if the night is right, re-run with --force (or widen the bound: --set validation.KEY=VALUE)")
     if st == "noop":
         return f"retrain {res['run']}: already done ({res.get('earlier_status')}: {res.get('reason')}); nothing to do"
     c, v = res["candidate"], res["versions"]

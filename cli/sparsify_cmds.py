@@ -7,7 +7,8 @@ from typing import Optional
 
 import typer
 
-from cli.app import app, apply_verify, check_choice, check_output, emit_json, fail, no_verify_option, user_errors
+from cli.app import (Progress, app, apply_verify, check_choice, check_output, count, emit_json, fail,
+                     no_verify_option, user_errors)
 from cli.model_cmds import refit_option, refit_options
 
 
@@ -17,7 +18,8 @@ def sparsify(
     store: Path = typer.Option(..., "--store", help="Store whose training-split feature statistics give "
                                                     "E[x_j^2] (the DD probabilities and the bounds)."),
     out: Path = typer.Option(..., "--out", "-o", help="Sparse model file to write."),
-    nnz: Optional[int] = typer.Option(None, min=1, help="Target number of non-zeros (see --nnz-mode)."),
+    nnz: Optional[int] = typer.Option(None, min=1, help="With --nnz-mode draws (the default, unbiased): K = N draws, "
+                                                        "at most N non-zeros; with distinct: exactly N non-zeros."),
     epsilon: Optional[float] = typer.Option(None, help="Excess squared-loss risk allowed (> 0): "
                                                        "K = ceil(C / (epsilon delta)) draws (TS-9)."),
     delta: float = typer.Option(0.1, min=0.0, max=1.0, help="Failure probability for --epsilon."),
@@ -106,8 +108,14 @@ def refit(
             options["stats"] = support_stats(st, np.sort(m.coef_indices))  # read once, here and in the refit
             if fits_here(st, m.coef_indices, blocks, counts=options["stats"][0]):
                 workers = None  # it would run on this process's threads anyway: no cluster to start (refit_client)
-        with dask_client(workers, scheduler) as client:
-            r = refit_model(m, st, client, blocks, True, options)
+        bar = Progress("refit", None)
+        if bar.bar is not None:
+            options["progress"] = lambda n: bar.update(info=f"{count(n, 'pass', 'passes')} over the support")
+        try:
+            with dask_client(workers, scheduler) as client:
+                r = refit_model(m, st, client, blocks, True, options)
+        finally:
+            bar.close()
         r.meta["refit"]["input_model"] = str(model)
         r.save(out)
     except user_errors() as e:
@@ -119,7 +127,7 @@ def refit(
         return
     h, hb = r.meta.get("holdout") or {}, info.get("holdout_before") or {}
     typer.echo(f"{out}: refit of {model} ({info['loss']}, l1 {info['l1']:g}, l2 {info['l2']:g}): "
-               f"{info['nnz_before']:,} -> {r.nnz:,} non-zeros, {info['evaluations']} passes in {info['seconds']:.1f}s"
+               f"{info['nnz_before']:,} -> {r.nnz:,} non-zeros, {info['evaluations']:,} passes in {info['seconds']:.1f}s"
                + (f"; holdout error {hb['error']:.4f} -> {h['error']:.4f}, AUC {hb['auc']:.4f} -> {h['auc']:.4f}"
                   if "error" in h and "error" in hb else
                   f"; holdout error {h['error']:.4f}, AUC {h['auc']:.4f}" if "error" in h else

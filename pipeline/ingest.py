@@ -771,6 +771,8 @@ def _commit(c, root, out, old, sources, tasks, results, o, generation, t0):
         "holdout_blocks": len(manifest["holdout"]["blocks"]),
         "new_blocks": sum(1 for e in entries if e["generation"] == generation),
         "new_rows": int(sum(e["rows"] for e in entries if e["generation"] == generation)),
+        "new_holdout_rows": int(sum(e["rows"] for e in entries if e["generation"] == generation
+                                    and e["split"] == "holdout")),
         "skipped_lines": len(skipped), "skipped_file": skipped_file,
         "seconds": round(time.time() - t0, 3),
         "bytes_read": int(sum(s["size"] for s in sources)),

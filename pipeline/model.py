@@ -56,6 +56,12 @@ class Model:
     def algorithm(self) -> str:
         return self.meta.get("algorithm", "")
 
+    def __repr__(self) -> str:  # a notebook's view: the model, not screens of optimiser state
+        h = self.meta.get("holdout") or {}
+        return (f"Model({self.algorithm or '?'}, {self.nnz:,} non-zeros of {self.n_features:,} features, "
+                f"bias {self.bias:.4g}" + (f", holdout error {h['error']:.4f}" if "error" in h else "") +
+                (f", optimiser state of {len(self.states)} path(s)" if self.states else "") + ")")
+
     def dense_weights(self, n_features: int | None = None) -> np.ndarray:
         w = np.zeros(n_features or self.n_features, dtype=np.float64)
         keep = self.coef_indices < w.shape[0]

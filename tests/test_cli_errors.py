@@ -383,3 +383,52 @@ def test_an_interrupt_whose_exception_was_swallowed_still_stops_the_work():
             fault("after_append")
     finally:
         interrupt.RECEIVED.clear()
+
+
+def test_on_a_terminal_each_pass_line_is_kept_whole_and_ctrl_c_gives_the_cursor_back(base, tmp_path):
+    """A terminal (a real pseudo-terminal here): every pass's line, holdout error included, is printed whole
+    above the bar (it was cut to the terminal's width inside the bar); Ctrl-C closes the bar first, so the cursor
+    the bar hid is shown again before the error line."""
+    import pty
+
+    master, slave = pty.openpty()
+    p = subprocess.Popen([sys.executable, "-m", "cli.main", "train", str(base / "st.zarr"), "--out",
+                          str(tmp_path / "m.npz"), "--algo", "tg", "--passes", "100000"],
+                         stdin=slave, stdout=slave, stderr=slave, env={**ENV, "COLUMNS": "60"},
+                         start_new_session=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    os.close(slave)
+    out = b""
+    try:
+        while out.count(b"holdout error") < 3:
+            out += os.read(master, 65536)
+        os.kill(p.pid, signal.SIGINT)
+        assert p.wait(timeout=60) == 130
+        with contextlib.suppress(OSError):
+            while chunk := os.read(master, 65536):
+                out += chunk
+    finally:
+        if p.poll() is None:
+            p.kill()
+        os.close(master)
+    text = out.decode(errors="replace")
+    assert any(ln.lstrip("\x1b[2K").startswith("pass") and "holdout error" in ln and "logloss" in ln
+               for ln in text.splitlines())
+    hide, show = text.rfind("\x1b[?25l"), text.rfind("\x1b[?25h")
+    assert hide >= 0 and show > hide and text.find("error: interrupted", show) > show
+    assert not (tmp_path / "m.npz").exists()
+
+
+def test_ingest_notes_a_holdout_far_from_the_share_asked(base, tmp_path):
+    r = cli("ingest", base / "s.svm", "--out", tmp_path / "one.zarr")  # one block of --block-mb 64: no holdout
+    assert r.returncode == 0 and "note: 0 of the 600 new rows (0%) are held out, against --holdout 0.1" in r.stderr
+    r = cli("ingest", base / "s.svm", "--out", tmp_path / "many.zarr", "--block-mb", "0.01")
+    assert r.returncode == 0 and "note:" not in r.stderr, r.stderr
+
+
+def test_version_and_a_models_short_repr(base):
+    r = cli("--version")
+    assert r.returncode == 0 and r.stdout.startswith("sparsepipe ")
+    from pipeline.model import load_model
+
+    m = load_model(base / "m.npz")
+    assert repr(m).startswith(f"Model(stsgd, {m.nnz:,} non-zeros of 2,000 features") and len(repr(m)) < 200
