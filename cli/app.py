@@ -186,6 +186,11 @@ def fail(msg: str, code: int = 1):
     raise typer.Exit(code)
 
 
+def metric(v) -> str:
+    """A holdout metric to 4 decimals; "n/a" where it has no value (the AUC of a one-class holdout: null)."""
+    return f"{v:.4f}" if isinstance(v, (int, float)) and v == v and abs(v) != float("inf") else "n/a"
+
+
 def count(n: int, noun: str, plural: str | None = None) -> str:
     """``n`` and the noun, plural unless n is 1: "1 block", "3 blocks", "2 passes"."""
     return f"{n:,} {noun if n == 1 else plural or noun + 's'}"

@@ -6,7 +6,7 @@ from typing import Optional
 
 import typer
 
-from cli.app import (Progress, app, apply_verify, check_choice, check_output, count, emit_json, fail, json_line,
+from cli.app import (Progress, app, apply_verify, check_choice, check_output, count, emit_json, fail, json_line, metric,
                      no_verify_option, user_errors)
 from cli.train_options import RUN_KEYS, SWITCHES, TrainingOptions, read_config, training_options  # noqa: F401
 
@@ -112,8 +112,8 @@ def train(
                             if k not in _PRINTED and isinstance(v, (int, float)))
             line = (f"pass {rec['pass']:>3}  stage {rec['stage']:>4}  nnz {rec.get('nnz', 0):>10,}  "
                     f"density {rec.get('density', 0):.4f}  " +
-                    (f"holdout error {h['error']:.4f} logloss {h['logloss']:.4f}  " if 'error' in h else "") +
-                    (f"holdout rmse {h['rmse']:.4f}  " if 'rmse' in h else "") + f"{rec['seconds']:.2f}s" + extra)
+                    (f"holdout error {metric(h.get('error'))} logloss {metric(h.get('logloss'))}  " if 'error' in h else "") +
+                    (f"holdout rmse {metric(h.get('rmse'))}  " if 'rmse' in h else "") + f"{rec['seconds']:.2f}s" + extra)
             if bar.bar is not None:  # a terminal: the whole line kept above the bar
                 bar.log(line)
                 bar.update(rec["pass"], f"pass {rec['pass']}")
@@ -137,8 +137,10 @@ def train(
         finally:  # also on Ctrl-C: the terminal gets its cursor back before the error line
             bar.close()
         if model.meta.get("stopped") == "diverged":
-            fail(f"--algo {name} diverged in pass {model.meta['passes'] + 1}: its weights overflowed, so the model "
-                 f"is not saved; a smaller step keeps them finite (`sparsepipe algorithms {name}` lists its step "
+            bad = next((h["pass"] for h in model.meta["history"] for k in ("logloss", "rmse")
+                        if k in (h.get("holdout") or {}) and metric(h["holdout"][k]) == "n/a"), None)
+            fail(f"--algo {name} diverged" + (f" (its holdout metrics were not finite from pass {bad})" if bad else "")
+                 + f": its weights overflowed, so the model is not saved; a smaller step keeps them finite (`sparsepipe algorithms {name}` lists its step "
                  f"parameters)")
         if model.meta["provenance"].get("after_stop"):
             typer.echo(f"note: {init_model}'s training had ended by {name}'s stopping rule, so it is final; this "
@@ -162,14 +164,14 @@ def train(
         h = summary["holdout"] or {}
         typer.echo(f"{out}: {name}, {count(summary['passes'], 'pass', 'passes')} x {count(n_paths, 'path')} in {summary['seconds']:.1f}s; "
                    f"{model.nnz:,} non-zero weights (density {model.density:.4f})" +
-                   (f"; holdout error {h['error']:.4f}, AUC {h['auc']:.4f}" if "error" in h else "") +
-                   (f"; holdout RMSE {h['rmse']:.4f}" if "rmse" in h else ""))
+                   (f"; holdout error {metric(h.get('error'))}, AUC {metric(h.get('auc'))}" if "error" in h else "") +
+                   (f"; holdout RMSE {metric(h.get('rmse'))}" if "rmse" in h else ""))
         if "refit" in summary:
             r, hb = summary["refit"], summary["refit"]["holdout_before"] or {}
             typer.echo(f"refit ({r['loss']}, l1 {r['l1']:g}, l2 {r['l2']:g}): {r['nnz_before']:,} -> {model.nnz:,} "
                        f"non-zeros, {r['iterations']:,} iterations, {r['evaluations']:,} passes in {r['seconds']:.1f}s" +
-                       (f"; before refit: holdout error {hb['error']:.4f}, AUC {hb['auc']:.4f}" if "error" in hb else "") +
-                       (f"; before refit: holdout RMSE {hb['rmse']:.4f}" if "rmse" in hb else ""))
+                       (f"; before refit: holdout error {metric(hb.get('error'))}, AUC {metric(hb.get('auc'))}" if "error" in hb else "") +
+                       (f"; before refit: holdout RMSE {metric(hb.get('rmse'))}" if "rmse" in hb else ""))
         if not h:
             typer.echo(f"note: {store} has no holdout blocks; measure the model with "
                        f"`sparsepipe evaluate {out} TEST_STORE --split all`", err=True)

@@ -51,7 +51,12 @@ def bound_constant(w: np.ndarray, s: np.ndarray, method: str) -> float:
 def draws_for_epsilon(w, s, epsilon: float, delta: float, method: str) -> int:
     """(TS-9): K = ⌈C/(εδ)⌉ so that ER(w̃) ≤ ER(ŵ) + ε with probability ≥ 1 − δ (at least 1)."""
     check_epsilon(epsilon, delta)
-    return max(1, int(math.ceil(bound_constant(w, s, method) / (epsilon * delta))))
+    with np.errstate(over="ignore", invalid="ignore"):
+        k = bound_constant(w, s, method) / (epsilon * delta)
+    if not math.isfinite(k):
+        raise ValueError(f"the bound's constant C is not finite for this model and store (weights or feature scales "
+                         f"past float64's range): give the number of draws with --nnz instead of --epsilon")
+    return max(1, int(math.ceil(k)))
 
 
 def check_epsilon(epsilon: float, delta: float) -> None:

@@ -432,3 +432,51 @@ def test_version_and_a_models_short_repr(base):
 
     m = load_model(base / "m.npz")
     assert repr(m).startswith(f"Model(stsgd, {m.nnz:,} non-zeros of 2,000 features") and len(repr(m)) < 200
+
+
+def test_numerically_hard_but_valid_data_gets_clear_answers(tmp_path):
+    """Values a float32 store cannot hold are refused at their line (were stored as inf); a one-class holdout
+    prints AUC n/a (was an unexpected TypeError after the model was saved); squares past float64 are named; a
+    SMIDAS run whose θ overflowed (its link maps θ = inf to w = 0) is a divergence, not an all-zero model."""
+    rng = np.random.default_rng(0)
+    rows = []
+    for i in range(900):
+        idx = np.sort(rng.choice(300, 12, replace=False))
+        val = rng.normal(size=12)
+        rows.append((idx, val, float(val[:4].sum())))
+
+    def write(name, label, scale=1.0, extra=""):
+        with open(tmp_path / name, "w") as f:
+            for i, (idx, val, y) in enumerate(rows):
+                f.write(f"{label(y)} " + " ".join(f"{j + 1}:{v * scale:.9g}" for j, v in zip(idx, val))
+                        + (extra if i == 7 else "") + "\n")
+        return tmp_path / name
+
+    big = write("big.svm", lambda y: "+1" if y > 0 else "-1", extra=" 301:3.5e38")
+    r = cli("ingest", big, "--out", tmp_path / "big.zarr")
+    assert_clean(r, "big.svm:8:", "beyond the store's float32 range", "--dtype float64", code=1)
+    assert cli("ingest", big, "--out", tmp_path / "big64.zarr", "--dtype", "float64").returncode == 0
+    r = cli("ingest", write("bigy.svm", lambda y: "1e39" if y > 3 else repr(y)), "--out", tmp_path / "y.zarr",
+            "--labels", "regression", "--dtype", "float64")
+    assert r.returncode == 1 and "label beyond float32's range" in r.stderr and not (tmp_path / "y.zarr").exists()
+
+    one = write("one.svm", lambda y: "+1")
+    assert cli("ingest", one, "--out", tmp_path / "one.zarr", "--block-mb", "0.01").returncode == 0
+    r = cli("train", tmp_path / "one.zarr", "--out", tmp_path / "one.npz", "--passes", "1")
+    assert r.returncode == 0 and "AUC n/a" in r.stdout, r.stderr
+
+    huge = write("huge.svm", lambda y: "+1" if y > 0 else "-1", scale=1e160)
+    assert cli("ingest", huge, "--out", tmp_path / "huge.zarr", "--dtype", "float64", "--block-mb", "0.01").returncode == 0
+    r = cli("train", tmp_path / "huge.zarr", "--out", tmp_path / "h.npz", "--algo", "tg", "--passes", "1")
+    assert_clean(r, "huge.zarr", "squares of its values overflow float64", code=1)
+
+    reg = write("reg.svm", repr)
+    assert cli("ingest", reg, "--out", tmp_path / "reg.zarr", "--labels", "regression", "--block-mb", "0.01").returncode == 0
+    r = cli("train", tmp_path / "reg.zarr", "--out", tmp_path / "s.npz", "--algo", "smidas", "--set", "loss=squared",
+            "--eta", "1000", "--passes", "6")
+    assert r.returncode == 1 and "--algo smidas diverged" in r.stderr and not (tmp_path / "s.npz").exists()
+
+    from pipeline.sparsify import draws_for_epsilon
+
+    with pytest.raises(ValueError, match="not finite .* --nnz instead"):
+        draws_for_epsilon(np.array([1e300, 1e300]), np.array([1e300, 1e300]), 0.1, 0.1, "dd")

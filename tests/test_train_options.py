@@ -142,5 +142,5 @@ def test_default_paths_respect_the_algorithm(store, tmp_path):
 
 def test_a_run_whose_weights_overflow_is_an_error_and_saves_nothing(store, tmp_path):
     r = run("train", store, "--algo", "grades", "--set", "gamma=0.02", "--passes", "80", "--out", tmp_path / "m.npz")
-    assert r.exit_code == 1 and "--algo grades diverged in pass" in r.output, r.output
+    assert r.exit_code == 1 and "--algo grades diverged" in r.output, r.output
     assert not (tmp_path / "m.npz").exists()

@@ -90,11 +90,16 @@ class SMIDAS(Algorithm):
 
     def decide(self, total, gstate, n_paths):
         theta = path_mean(total["theta"], n_paths)
+        if not np.isfinite(theta).all():  # the link maps θ = ±inf to w = 0: finite weights, a diverged run
+            gstate = {**(gstate or {}), "overflow": np.ones(1)}
         p = self.params.p_norm(theta.shape[0])
         w = weights_from_theta(theta, p)
         nnz_theta = int(np.count_nonzero(theta))
         return ({"theta": theta, "w": w, "bias": np.zeros(1)}, gstate,
                 nnz_diag(w, nnz_theta=float(nnz_theta), underflow=float(nnz_theta - np.count_nonzero(w)), p=p))
+
+    def diverged(self, gstate):
+        return bool(np.asarray((gstate or {}).get("overflow", np.zeros(1)))[0])
 
     def apply(self, state, decision):
         return self._reset_active({**state, "theta": decision["theta"].copy(), "istate": state["istate"].copy(),

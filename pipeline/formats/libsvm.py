@@ -43,6 +43,8 @@ BEYOND_WIDTH = 7
 LABEL_NOT_IN_PAIR = 8
 NEGATIVE_INDEX = 9
 INDEX_TOO_LARGE = 10
+VALUE_BEYOND_DTYPE = 11  # finite in the text, infinite in the store's dtype (found after the cast, never skipped)
+LABEL_BEYOND_FLOAT32 = 12
 
 ERROR_MESSAGES = {
     BAD_LABEL: "bad label (expected a number)",
@@ -55,6 +57,8 @@ ERROR_MESSAGES = {
     LABEL_NOT_IN_PAIR: "label is not one of the two binary labels",
     NEGATIVE_INDEX: "negative feature index",
     INDEX_TOO_LARGE: "feature index too large for int32 indices (stores hold < 2**31 features)",
+    VALUE_BEYOND_DTYPE: "value beyond the store's float32 range (|x| > 3.4e38): ingest with --dtype float64",
+    LABEL_BEYOND_FLOAT32: "label beyond float32's range (|y| > 3.4e38; labels are stored as float32)",
 }
 
 _POW10 = np.array([10.0**k for k in range(309)], dtype=np.float64)

@@ -302,6 +302,9 @@ def data_scale(store) -> dict:
     rows = int(sum(e["rows"] for e in store.entries("train")))
     nnz = int(count.sum())
     ss = float(sumsq.sum())
+    if not math.isfinite(ss):  # values past ~1e154: their squares overflow float64, no step or scale is finite
+        raise ValueError(f"{store.path}: the squares of its values overflow float64 (the largest |x| is past "
+                         f"~1e154): no step size is finite on such data; rescale the features before ingesting")
     return {"rows": rows, "nnz": nnz, "mean_sq_norm": ss / max(rows, 1) or 1.0,
             "x_rms": math.sqrt(ss / nnz) if nnz and ss > 0 else 1.0}
 
