@@ -191,6 +191,14 @@ def metric(v) -> str:
     return f"{v:.4f}" if isinstance(v, (int, float)) and v == v and abs(v) != float("inf") else "n/a"
 
 
+def holdout_text(h: dict | None) -> str:
+    """A model's holdout metrics for a summary line: error and AUC (binary), RMSE (regression), else ""."""
+    h = h or {}
+    if "error" in h:
+        return f"holdout error {metric(h.get('error'))}, AUC {metric(h.get('auc'))}"
+    return f"holdout RMSE {metric(h.get('rmse'))}" if "rmse" in h else ""
+
+
 def count(n: int, noun: str, plural: str | None = None) -> str:
     """``n`` and the noun, plural unless n is 1: "1 block", "3 blocks", "2 passes"."""
     return f"{n:,} {noun if n == 1 else plural or noun + 's'}"

@@ -6,7 +6,8 @@ from typing import Optional
 
 import typer
 
-from cli.app import (Progress, app, apply_verify, check_choice, check_output, count, emit_json, fail, json_line, metric,
+from cli.app import (Progress, app, apply_verify, check_choice, check_output, count, emit_json, fail, holdout_text,
+                     json_line, metric,
                      no_verify_option, user_errors)
 from cli.train_options import RUN_KEYS, SWITCHES, TrainingOptions, read_config, training_options  # noqa: F401
 
@@ -140,8 +141,8 @@ def train(
             bad = next((h["pass"] for h in model.meta["history"] for k in ("logloss", "rmse")
                         if k in (h.get("holdout") or {}) and metric(h["holdout"][k]) == "n/a"), None)
             fail(f"--algo {name} diverged" + (f" (its holdout metrics were not finite from pass {bad})" if bad else "")
-                 + f": its weights overflowed, so the model is not saved; a smaller step keeps them finite (`sparsepipe algorithms {name}` lists its step "
-                 f"parameters)")
+                 + f": its weights overflowed, so the model is not saved; a smaller step keeps them finite "
+                 f"(`sparsepipe algorithms {name}` lists its step parameters)")
         if model.meta["provenance"].get("after_stop"):
             typer.echo(f"note: {init_model}'s training had ended by {name}'s stopping rule, so it is final; this "
                        f"run warm-started from its weights instead of resuming it", err=True)
@@ -162,16 +163,14 @@ def train(
         emit_json(summary)
     else:
         h = summary["holdout"] or {}
-        typer.echo(f"{out}: {name}, {count(summary['passes'], 'pass', 'passes')} x {count(n_paths, 'path')} in {summary['seconds']:.1f}s; "
-                   f"{model.nnz:,} non-zero weights (density {model.density:.4f})" +
-                   (f"; holdout error {metric(h.get('error'))}, AUC {metric(h.get('auc'))}" if "error" in h else "") +
-                   (f"; holdout RMSE {metric(h.get('rmse'))}" if "rmse" in h else ""))
+        typer.echo(f"{out}: {name}, {count(summary['passes'], 'pass', 'passes')} x {count(n_paths, 'path')} in "
+                   f"{summary['seconds']:.1f}s; {model.nnz:,} non-zero weights (density {model.density:.4f})"
+                   + (f"; {holdout_text(h)}" if holdout_text(h) else ""))
         if "refit" in summary:
             r, hb = summary["refit"], summary["refit"]["holdout_before"] or {}
             typer.echo(f"refit ({r['loss']}, l1 {r['l1']:g}, l2 {r['l2']:g}): {r['nnz_before']:,} -> {model.nnz:,} "
-                       f"non-zeros, {r['iterations']:,} iterations, {r['evaluations']:,} passes in {r['seconds']:.1f}s" +
-                       (f"; before refit: holdout error {metric(hb.get('error'))}, AUC {metric(hb.get('auc'))}" if "error" in hb else "") +
-                       (f"; before refit: holdout RMSE {metric(hb.get('rmse'))}" if "rmse" in hb else ""))
+                       f"non-zeros, {r['iterations']:,} iterations, {r['evaluations']:,} passes in {r['seconds']:.1f}s"
+                       + (f"; before refit: {holdout_text(hb)}" if holdout_text(hb) else ""))
         if not h:
             typer.echo(f"note: {store} has no holdout blocks; measure the model with "
                        f"`sparsepipe evaluate {out} TEST_STORE --split all`", err=True)

@@ -7,7 +7,7 @@ from typing import Optional
 
 import typer
 
-from cli.app import (Progress, app, apply_verify, check_choice, check_output, count, emit_json, fail, metric,
+from cli.app import (Progress, app, apply_verify, check_choice, check_output, count, emit_json, fail, holdout_text,
                      no_verify_option, user_errors)
 from cli.model_cmds import refit_option, refit_options
 
@@ -128,8 +128,5 @@ def refit(
     h, hb = r.meta.get("holdout") or {}, info.get("holdout_before") or {}
     typer.echo(f"{out}: refit of {model} ({info['loss']}, l1 {info['l1']:g}, l2 {info['l2']:g}): "
                f"{info['nnz_before']:,} -> {r.nnz:,} non-zeros, {info['evaluations']:,} passes in {info['seconds']:.1f}s"
-               + (f"; holdout error {metric(hb.get('error'))} -> {metric(h.get('error'))}, AUC {metric(hb.get('auc'))} -> {metric(h.get('auc'))}"
-                  if "error" in h and "error" in hb else
-                  f"; holdout error {metric(h.get('error'))}, AUC {metric(h.get('auc'))}" if "error" in h else
-                  f"; holdout rmse {metric(hb.get('rmse'))} -> {metric(h.get('rmse'))}" if "rmse" in h and "rmse" in hb else
-                  f"; holdout rmse {metric(h.get('rmse'))}" if "rmse" in h else ""))
+               + (f"; {holdout_text(h)}" if holdout_text(h) else "")
+               + (f" (before: {holdout_text(hb)})" if holdout_text(h) and holdout_text(hb) else ""))
