@@ -5,6 +5,7 @@ import atexit
 import contextlib
 import gc
 import json
+import math
 import os
 import signal
 import sys
@@ -188,7 +189,7 @@ def fail(msg: str, code: int = 1):
 
 def metric(v) -> str:
     """A holdout metric to 4 decimals; "n/a" where it has no value (the AUC of a one-class holdout: null)."""
-    return f"{v:.4f}" if isinstance(v, (int, float)) and v == v and abs(v) != float("inf") else "n/a"
+    return f"{v:.4f}" if isinstance(v, (int, float)) and math.isfinite(v) else "n/a"
 
 
 def holdout_text(h: dict | None) -> str:
@@ -213,8 +214,6 @@ def check_choice(value: str, choices, flag: str) -> None:
 def check_output(path, what: str = "output file") -> None:
     """Before any work: ``path`` can be written (its directory exists and is writable; it is not a directory),
     else exit 1 naming it, instead of failing after an hour of training."""
-    import os
-
     p = os.path.abspath(os.path.expanduser(str(path)))
     parent = os.path.dirname(p)
     if os.path.isdir(p):
@@ -228,8 +227,6 @@ def check_output(path, what: str = "output file") -> None:
 def _strict(o):
     """``o`` with every non-finite float as null: strict JSON (jq, JSON.parse), where json.dumps writes NaN and
     Infinity (an AUC on a one-class holdout is undefined)."""
-    import math
-
     if isinstance(o, dict):
         return {k: _strict(v) for k, v in o.items()}
     if isinstance(o, (list, tuple)):

@@ -7,8 +7,7 @@ from typing import Optional
 import typer
 
 from cli.app import (Progress, app, apply_verify, check_choice, check_output, count, emit_json, fail, holdout_text,
-                     json_line, metric,
-                     no_verify_option, user_errors)
+                     json_line, metric, no_verify_option, user_errors)
 from cli.train_options import RUN_KEYS, SWITCHES, TrainingOptions, read_config, training_options  # noqa: F401
 
 
@@ -162,16 +161,16 @@ def train(
     if as_json:
         emit_json(summary)
     else:
-        h = summary["holdout"] or {}
+        h = holdout_text(summary["holdout"])
         typer.echo(f"{out}: {name}, {count(summary['passes'], 'pass', 'passes')} x {count(n_paths, 'path')} in "
                    f"{summary['seconds']:.1f}s; {model.nnz:,} non-zero weights (density {model.density:.4f})"
-                   + (f"; {holdout_text(h)}" if holdout_text(h) else ""))
+                   + (f"; {h}" if h else ""))
         if "refit" in summary:
-            r, hb = summary["refit"], summary["refit"]["holdout_before"] or {}
+            r, hb = summary["refit"], holdout_text(summary["refit"]["holdout_before"])
             typer.echo(f"refit ({r['loss']}, l1 {r['l1']:g}, l2 {r['l2']:g}): {r['nnz_before']:,} -> {model.nnz:,} "
                        f"non-zeros, {r['iterations']:,} iterations, {r['evaluations']:,} passes in {r['seconds']:.1f}s"
-                       + (f"; before refit: {holdout_text(hb)}" if holdout_text(hb) else ""))
-        if not h:
+                       + (f"; before refit: {hb}" if hb else ""))
+        if not summary["holdout"]:
             typer.echo(f"note: {store} has no holdout blocks; measure the model with "
                        f"`sparsepipe evaluate {out} TEST_STORE --split all`", err=True)
 

@@ -125,8 +125,7 @@ def refit(
     if as_json:
         emit_json(summary)
         return
-    h, hb = r.meta.get("holdout") or {}, info.get("holdout_before") or {}
+    h, hb = holdout_text(r.meta.get("holdout")), holdout_text(info.get("holdout_before"))
     typer.echo(f"{out}: refit of {model} ({info['loss']}, l1 {info['l1']:g}, l2 {info['l2']:g}): "
                f"{info['nnz_before']:,} -> {r.nnz:,} non-zeros, {info['evaluations']:,} passes in {info['seconds']:.1f}s"
-               + (f"; {holdout_text(h)}" if holdout_text(h) else "")
-               + (f" (before: {holdout_text(hb)})" if holdout_text(h) and holdout_text(hb) else ""))
+               + (f"; {h}" if h else "") + (f" (before: {hb})" if h and hb else ""))

@@ -1,8 +1,8 @@
 """Metrics on held-out blocks: per block partials, merged in a tree, then reduced to numbers (ALGORITHMS.md §6).
 
 The error counts rows whose predicted label (the one `predict` writes: +1 where f > 0, else −1) is not y.
-AUC is exact (average ranks over all
-scores of the split); log-loss and hinge use the raw score f = w·x + b. Regression stores get RMSE.
+AUC is exact (average ranks over all scores of the split); log-loss and hinge use the raw score f = w·x + b.
+Regression stores get RMSE.
 """
 from __future__ import annotations
 

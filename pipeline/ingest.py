@@ -282,19 +282,6 @@ def _first_newline(buf: np.ndarray, start: int) -> int:
     return -1
 
 
-def _beyond_dtype(parsed: libsvm.Parsed, labels32: np.ndarray, errors: list) -> None:
-    """Values and labels finite in the text (the parser refuses the others) that the store's dtype cannot hold:
-    an error at their line (column 1), whatever --on-invalid says, instead of an inf in the store."""
-    bad_rows = []
-    if not np.isfinite(parsed.data).all():
-        entry = int(np.flatnonzero(~np.isfinite(parsed.data))[0])
-        bad_rows.append((int(np.searchsorted(parsed.indptr, entry, side="right")) - 1, libsvm.VALUE_BEYOND_DTYPE))
-    if not np.isfinite(labels32).all():
-        bad_rows.append((int(np.flatnonzero(~np.isfinite(labels32))[0]), libsvm.LABEL_BEYOND_FLOAT32))
-    for row, code in sorted(bad_rows)[:1]:
-        errors.append((int(parsed.row_line[row]), 1, code))
-
-
 def _block_result(key: str, parsed: libsvm.Parsed, nbytes: int) -> dict:
     """Metadata of one parsed block plus the arrays to write (indices/data already in store dtypes)."""
     res = {"key": key, "rows": parsed.n_rows, "nnz": parsed.nnz, "n_lines": parsed.n_lines,
@@ -304,9 +291,7 @@ def _block_result(key: str, parsed: libsvm.Parsed, nbytes: int) -> dict:
     res["label_values"] = vals.tolist()
     res["label_counts"] = counts.tolist()
     res["label_first_line"] = parsed.row_line[first].tolist()
-    with np.errstate(over="ignore"):
-        labels32 = labels.astype(np.float32)
-    _beyond_dtype(parsed, labels32, res["errors"])
+    labels32 = labels.astype(np.float32)
     res["checksum"] = checksum.checksum(parsed.indptr, parsed.indices, parsed.data, labels32)
     res["_arrays"] = {"indptr": parsed.indptr, "indices": parsed.indices, "data": parsed.data,
                       "labels": labels32}
@@ -662,8 +647,7 @@ def _commit(c, root, out, old, sources, tasks, results, o, generation, t0):
             base = r["line_offset"] if r["line_offset"] is not None else per_source_lines.get(task.source, 0)
             for (ln, col, code) in r["errors"]:
                 item = (src["path"], base + ln + 1, col, code)
-                never_skipped = code in (libsvm.VALUE_BEYOND_DTYPE, libsvm.LABEL_BEYOND_FLOAT32)
-                (skipped if o.on_invalid == "skip" and not never_skipped else errors).append(item)
+                (skipped if o.on_invalid == "skip" else errors).append(item)
             r["first_line"] = base + 1
             r["source"] = task.source
             r["byte_range"] = [task.start, task.end] if task.compression is None else None

@@ -50,9 +50,8 @@ FAULT_POINTS = {
 _HITS: dict = {}
 
 EXIT_OK, EXIT_ERROR, EXIT_LOCKED, EXIT_REFUSED = 0, 1, 3, 4
-# [train] keys that are run settings (hyper-parameters are the algorithm's): `train --config`'s, less the training
-# window (the job's [window] table); workers = 0 trains in this process
-# `train` settings that the job sets itself (its window; one evaluation per night, recorded in the registry)
+# [train] keys that are run settings (hyper-parameters are the algorithm's): `train --config`'s, less those the job
+# sets itself (its window; one evaluation a night, recorded in the registry); workers = 0 trains in this process
 NOT_IN_JOB = {"generations": "the training window is the job's [window] generations",
               "record_path": "the job evaluates once a night, after training; REG/runs.jsonl and the index record it",
               "evaluate_every": "the job evaluates once a night, after training"}
@@ -421,14 +420,14 @@ def _no_holdout(cfg) -> str:
             f"{opts.block_mb:g} MB) has none: set a smaller block_mb")
 
 
-def _holdout_blocks_possible(paths: list[str], opts) -> bool:
-    """False when appending ``paths`` with ``opts`` surely gives no holdout block: holdout 0, or plain files
-    that make one block in all (a compressed file's blocks are known only once it is read)."""
-    from pipeline.ingest import compression_of, file_size, plan
+def _holdout_blocks_possible(inputs: list[dict], opts) -> bool:
+    """False when appending ``inputs`` (path, size) with ``opts`` surely gives no holdout block: holdout 0, or
+    plain files that make one block in all (a compressed file's blocks are known only once it is read)."""
+    from pipeline.ingest import compression_of, plan
 
     if opts.holdout <= 0:
         return False
-    sources = [{"path": p, "size": file_size(p), "compression": compression_of(p)} for p in paths]
+    sources = [{"path": i["path"], "size": i["size"], "compression": compression_of(i["path"])} for i in inputs]
     if not sum(s["size"] for s in sources):  # empty: the validation says why (min_rows)
         return True
     return any(s["compression"] for s in sources) or len(plan(sources, int(opts.block_mb * (1 << 20)), 1)) >= 2
@@ -476,7 +475,8 @@ def _run_locked(cfg, reg, lock, clients, new_inputs, force, steps, t_all, say):
             i["already_appended"] = i["fingerprint"] in known
         if todo:
             opts = IngestOptions(**cfg.ingest)
-            if not (st and st.keys("holdout")) and not _holdout_blocks_possible(todo, opts):
+            new = [i for i in inputs if i["path"] in todo]  # their sizes are read once, above
+            if not (st and st.keys("holdout")) and not _holdout_blocks_possible(new, opts):
                 raise JobError(f"{cfg.store}: the job would have no evaluation set, and nothing was appended: "
                                f"{_no_holdout(cfg)}")
             say("append", f"appending {len(todo)} input(s) to {cfg.store}")

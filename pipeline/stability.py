@@ -65,8 +65,8 @@ def stability_runs(store: str, algo: str, options: dict | None = None, *, runs: 
                    placement: str = "paths", progress=None, seed: int = 0, max_density: float | None = None,
                    shuffle_window: int = 4) -> dict:
     """Train ``runs`` models of ``algo`` on ``store`` with seeds 0..runs−1 (different block and row orders)
-    and report mean ± sd (ddof = 1) of the error (the RMSE on a regression store: ``metric``) and density and the mean pairwise Cohen's κ of the
-    selected feature sets (non-zero weights). The error is measured on the store's holdout blocks, or on
+    and report mean ± sd (ddof = 1) of the error (the RMSE on a regression store: ``metric``) and density and the
+    mean pairwise Cohen's κ of the selected feature sets (non-zero weights). The error is measured on the store's holdout blocks, or on
     every block of ``test_store`` when given. Works for every registered algorithm."""
     from pipeline.evaluate import evaluate_store
     from pipeline.store.reader import open_store

@@ -11,8 +11,14 @@ from pipeline.kernels import colstats
 from pipeline.ingest import read_owned_lines
 
 
-def reference_parse(text: str, zero_based=False, width=-1):
-    """Pure-Python LIBSVM reader: returns (rows, errors) with rows = [(label, [(j, v), ...])]."""
+def _beyond_float32(x: float) -> bool:
+    with np.errstate(over="ignore"):
+        return not np.isfinite(np.float32(x))
+
+
+def reference_parse(text: str, zero_based=False, width=-1, value_dtype=np.float64):
+    """Pure-Python LIBSVM reader: returns (rows, errors) with rows = [(label, [(j, v), ...])]. Labels are
+    stored as float32 and values in ``value_dtype``: a finite number those cannot hold is an error."""
     rows, errors = [], []
     base = 0 if zero_based else 1
     for ln, line in enumerate(text.split("\n")):
@@ -26,6 +32,9 @@ def reference_parse(text: str, zero_based=False, width=-1):
                 raise ValueError
         except ValueError:
             errors.append((ln, libsvm.BAD_LABEL))
+            continue
+        if _beyond_float32(lab):
+            errors.append((ln, libsvm.LABEL_BEYOND_FLOAT32))
             continue
         feats, prev, err = [], -1, None
         for t in toks[1:]:
@@ -52,6 +61,8 @@ def reference_parse(text: str, zero_based=False, width=-1):
                 err = libsvm.NON_INCREASING
             elif not math.isfinite(val):
                 err = libsvm.NON_FINITE
+            elif value_dtype == np.float32 and _beyond_float32(val):
+                err = libsvm.VALUE_BEYOND_DTYPE
             elif width >= 0 and j >= width:
                 err = libsvm.BEYOND_WIDTH
             if err:
@@ -131,7 +142,7 @@ def test_malformed_line_is_reported_with_its_line_and_skipped(text, data):
     lines = text.split("\n")
     bad = data.draw(st.sampled_from(["1 3:x", "1 0:1", "1 5:1 5:2", "1 7:1 3:1", "1 2:nan", "1 2:inf",
                                      "abc 1:1", "1 4:1:2", "1 -3:1", "1 1:", "1 :2", "1 qid:x 1:1",
-                                     "1 9:1e999", "nan 1:1", "1 12345678901234567890:1"]))
+                                     "1 9:1e999", "nan 1:1", "1 12345678901234567890:1", "1e39 1:1"]))
     at = data.draw(st.integers(0, len(lines)))
     lines.insert(at, bad)
     text = "\n".join(lines)
@@ -220,7 +231,7 @@ def test_fused_stats_equal_numpy_reference_in_skip_mode(text, bad, data):
     want = numpy_stats(p)
     assert_stats_exact((p.stats_idx, p.stats_nnz, p.stats_sumsq), want, index_dtype)
     # the rows of the reference parser (invalid lines dropped) give the same counts
-    rows, _ = reference_parse(raw.decode())
+    rows, _ = reference_parse(raw.decode(), value_dtype=value_dtype)
     cnt = {}
     for _, feats in rows:
         for j, _ in feats:

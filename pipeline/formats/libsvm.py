@@ -43,7 +43,7 @@ BEYOND_WIDTH = 7
 LABEL_NOT_IN_PAIR = 8
 NEGATIVE_INDEX = 9
 INDEX_TOO_LARGE = 10
-VALUE_BEYOND_DTYPE = 11  # finite in the text, infinite in the store's dtype (found after the cast, never skipped)
+VALUE_BEYOND_DTYPE = 11  # finite in the text, infinite in the store's dtype
 LABEL_BEYOND_FLOAT32 = 12
 
 ERROR_MESSAGES = {
@@ -375,7 +375,8 @@ def _pairs(p, pos, n, fast_last, base, lim, width, line_start, indices, data, nn
                 break
             if idx < 0:  # qid:N, skipped
                 continue
-            fin = math.isfinite(val)
+            # finite, and in the store's dtype too (fast-path values have at most 8 integer digits)
+            fin = math.isfinite(val) and (data.itemsize == 8 or math.isfinite(np.float32(val)))
         j = idx - base
         # one test for the common case (j <= prev also covers idx < base since prev >= -1)
         if j <= prev or j >= lim or not fin:
@@ -387,7 +388,7 @@ def _pairs(p, pos, n, fast_last, base, lim, width, line_start, indices, data, nn
             elif j < prev:
                 code = NON_INCREASING
             elif not fin:
-                code = NON_FINITE
+                code = NON_FINITE if not math.isfinite(val) else VALUE_BEYOND_DTYPE
             elif width >= 0 and j >= width:
                 code = BEYOND_WIDTH
             else:
@@ -452,6 +453,9 @@ def parse_libsvm(buf, one_based, width, skip_invalid, label_lo, label_hi, use_pa
             col = pos - line_start
         elif not math.isfinite(lab):
             code = BAD_LABEL
+            col = pos - line_start
+        elif not math.isfinite(np.float32(lab)):  # labels are stored as float32
+            code = LABEL_BEYOND_FLOAT32
             col = pos - line_start
         elif use_pair and lab != label_lo and lab != label_hi:
             code = LABEL_NOT_IN_PAIR
