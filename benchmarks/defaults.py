@@ -171,6 +171,47 @@ def liblinear(where: dict) -> list[dict]:
     return out
 
 
+def liblinear_cached(name: str, where: dict) -> list[dict]:
+    """:func:`liblinear` of a set, cached in bench-out/defaults/NAME.liblinear.json (keyed by the C grid; delete the
+    file to recompute)."""
+    cached = out_dir() / "defaults" / f"{name}.liblinear.json"
+    ll = json.loads(cached.read_text()) if cached.exists() else None
+    if not ll or [r["C"] for r in ll] != list(LL_C):
+        ll = liblinear(where)
+        cached.write_text(json.dumps(ll))
+    return ll
+
+
+def penalty_units(store: str, best_C: float) -> dict:
+    """LIBLINEAR's best penalty λ = 1/(C·n) on a store's training rows against stsgd's default penalty in the unit
+    it is resolved in (λ_eff = l1·rms(x), scale "data") and glmnet's λ_max = max_j |Σ_i x_ij (y_i − ȳ)| / n."""
+    from pipeline.algorithms.stsgd import STSGDParams
+    from pipeline.store.reader import open_store
+    from pipeline.store.stats import data_scale
+
+    X, y = _rows(store, "train")
+    n = X.shape[0]
+    y01 = (y > 0).astype(np.float64)
+    lam_max = float(np.abs(X.T @ (y01 - y01.mean())).max() / n)
+    x_rms = data_scale(open_store(store))["x_rms"]
+    lam_eff, best = STSGDParams().l1 * x_rms, 1.0 / (best_C * n)
+    return {"rows": n, "lambda_eff": lam_eff, "liblinear_C": best_C, "lambda_best": best,
+            "eff_over_best": lam_eff / best, "best_over_lambda_max": best / lam_max, "best_over_x_rms": best / x_rms}
+
+
+def penalty_report(names, extra: list[str]) -> None:
+    """``--penalty-units``: :func:`penalty_units` of each set (its LIBLINEAR best C from the study's grid) and of each
+    ``STORE:C`` in ``extra`` (e.g. benchmarks.learning's 35k store at its best C)."""
+    rows = []
+    for name in names:
+        where = prepare(name)
+        rows.append({"set": name, **penalty_units(where["train"], _best(liblinear_cached(name, where))["C"])})
+    for spec in extra:
+        store, _, C = spec.rpartition(":")
+        rows.append({"set": store, **penalty_units(store, float(C))})
+    report("defaults_penalty_units", {"results": rows}, rows)
+
+
 def _best(runs: list[dict]) -> dict:
     return min(runs, key=lambda r: (r["error"], r["density"]))
 
@@ -188,12 +229,7 @@ def study_set(name: str, losses, log) -> dict:
     info = {"set": name, **where, "train_rows": sum(e["rows"] for e in st.entries("train")),
             "n_features": st.n_features}
     c0 = time.process_time()
-    cached = out_dir() / "defaults" / f"{name}.liblinear.json"  # keyed by the C grid; delete to recompute
-    ll = json.loads(cached.read_text()) if cached.exists() else None
-    if not ll or [r["C"] for r in ll] != list(LL_C):
-        ll = liblinear(where)
-        cached.write_text(json.dumps(ll))
-    info["liblinear"] = ll
+    info["liblinear"] = liblinear_cached(name, where)
     info["liblinear_cpu_s"] = round(time.process_time() - c0, 2)
     ll_best = _best(info["liblinear"])
     log(f"{name}: LIBLINEAR best {ll_best['error']:.4f} at C={ll_best['C']} density {ll_best['density']:.4f}")
@@ -335,7 +371,11 @@ def main(argv=None):
     ap.add_argument("--name", default="defaults")
     ap.add_argument("--train-seed", type=int, default=SEED,
                     help="seed of our algorithms' block and row orders only (same stores, holdouts, LIBLINEAR)")
+    ap.add_argument("--penalty-units", nargs="*", metavar="STORE:C",
+                    help="only report each set's best penalty in three units (plus these stores at their best C)")
     a = ap.parse_args(argv)
+    if a.penalty_units is not None:
+        return penalty_report([s for s in a.sets.split(",") if s], a.penalty_units)
     global TRAIN_SEED
     TRAIN_SEED = a.train_seed
     names = [s for s in a.sets.split(",") if s]

@@ -48,11 +48,16 @@ def sparsepipe_cmd(args: list[str]) -> tuple[dict, float]:
     return json.loads(r.stdout), time.perf_counter() - t0
 
 
+def model_path(work: Path, algo: str, extra: list[str]) -> Path:
+    """Where :func:`ours` saves the model of ``algo`` with ``extra`` arguments."""
+    return work / (spec_name(algo, extra).replace(" ", "_").replace("=", "-").replace("/", "_") + ".npz")
+
+
 def ours(store: str, algo: str, extra: list[str], passes: int, workers: int, Xho, yho, tidx, work: Path) -> dict:
     from pipeline.model import load_model
 
     name = spec_name(algo, extra)
-    out = work / (name.replace(" ", "_").replace("=", "-").replace("/", "_") + ".npz")
+    out = model_path(work, algo, extra)
     summary, wall = sparsepipe_cmd(["train", store, "--out", str(out), "--algo", algo, "--passes", str(passes),
                                     "--workers", str(workers), *extra])
     m = load_model(out)
@@ -62,14 +67,15 @@ def ours(store: str, algo: str, extra: list[str], passes: int, workers: int, Xho
             "wall_s": round(wall, 1)}
 
 
-def liblinear(Xtr, ytr, Xho, yho, tidx, C: float) -> dict:
+def liblinear(Xtr, ytr, Xho, yho, tidx, C: float) -> tuple[dict, np.ndarray]:
+    """LIBLINEAR's L1-LR at C on the training rows: (its table row on the holdout, its weights)."""
     t0 = time.perf_counter()
     clf = l1_logistic(C, tol=1e-3, max_iter=100, random_state=0)
     clf.fit(Xtr, ytr)
     w = np.asarray(clf.coef_).ravel()
     f = Xho @ w + float(clf.intercept_[0])
     return {"model": f"LIBLINEAR L1-LR C={C:g}", **_metrics(f, yho), "density": np.count_nonzero(w) / w.size,
-            **support_scores(w, tidx), "wall_s": round(time.perf_counter() - t0, 1)}
+            **support_scores(w, tidx), "wall_s": round(time.perf_counter() - t0, 1)}, w
 
 
 def default_store(rows: int = 35000, seed: int = 11, workers: int = 2) -> tuple[str, str]:
@@ -84,21 +90,31 @@ def default_store(rows: int = 35000, seed: int = 11, workers: int = 2) -> tuple[
     return store, str(src) + ".truth.npz"
 
 
-def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def store_arguments(ap: argparse.ArgumentParser, algos: str, C: str) -> None:
+    """The arguments of the benchmarks that train ours beside LIBLINEAR on a webspam-like store with its truth."""
     ap.add_argument("--rows", type=int, default=35000)
     ap.add_argument("--seed", type=int, default=11)
     ap.add_argument("--passes", type=int, default=3)
     ap.add_argument("--workers", type=int, default=2)
-    ap.add_argument("--algos", default="stsgd,tg,ftrl",
-                    help="comma-separated; an entry may carry options after a colon: 'ftrl:--refit'")
-    ap.add_argument("--C", default="1,3,10,30", help="LIBLINEAR's C grid ('' skips LIBLINEAR)")
+    ap.add_argument("--algos", default=algos,
+                    help="comma-separated ('' for none); an entry may carry options after a colon: 'ftrl:--refit'")
+    ap.add_argument("--C", default=C, help="LIBLINEAR's C grid ('' skips LIBLINEAR)")
     ap.add_argument("--store", help="use this store (with --truth) instead of synthesising one")
     ap.add_argument("--truth")
+
+
+def store_of(a: argparse.Namespace) -> tuple[str, str]:
+    """(store, truth file) of :func:`store_arguments`: the given ones or :func:`default_store`."""
+    return (a.store, a.truth) if a.store else default_store(a.rows, a.seed, a.workers)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    store_arguments(ap, "stsgd,tg,ftrl", "1,3,10,30")
     a = ap.parse_args(argv)
     work = out_dir() / "learning"
     work.mkdir(parents=True, exist_ok=True)
-    store, truth = (a.store, a.truth) if a.store else default_store(a.rows, a.seed, a.workers)
+    store, truth = store_of(a)
     tidx, _ = load_truth(truth)
     Xho, yho = _matrix(store, "holdout")
     rows = []
@@ -108,7 +124,7 @@ def main(argv=None):
     if a.C:
         Xtr, ytr = _matrix(store, "train")
         for C in (float(c) for c in a.C.split(",")):
-            rows.append(liblinear(Xtr, ytr, Xho, yho, tidx, C))
+            rows.append(liblinear(Xtr, ytr, Xho, yho, tidx, C)[0])
             print(json.dumps(rows[-1]), flush=True)
         del Xtr
     ll = [r for r in rows if r["model"].startswith("LIBLINEAR")]
