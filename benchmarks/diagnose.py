@@ -29,6 +29,49 @@ def support_scores(w: np.ndarray, truth_idx: np.ndarray) -> dict:
             "precision": kept / max(1, nz.size), "kept": kept}
 
 
+ORACLE_C = 1000.0                   # scikit-learn's C (1 / (λ·n)) of the oracle fit: little shrinkage
+Z_BANDS = (0.0, 1.0, 2.0, 3.0, 4.0, 6.0, np.inf)
+DETECTABLE_Z = 3.0                  # a true feature the rows identify: oracle |z| ≥ 3
+
+
+def truth_columns(store: str, tidx: np.ndarray, split: str = "train"):
+    """(X restricted to the true columns ``tidx``, in that order, labels) of a store's ``split``, block by block: memory
+    O(rows x |truth|) whatever the store's width and size."""
+    import scipy.sparse as sp
+
+    from pipeline.store.reader import open_store
+
+    parts, ys = [], []
+    for b in open_store(store).blocks(split):
+        parts.append(b.X.tocsc()[:, tidx].tocsr())
+        ys.append(b.y)
+    return sp.vstack(parts).tocsr(), np.concatenate(ys)
+
+
+def oracle_z(A, y, C: float = ORACLE_C) -> tuple[np.ndarray, np.ndarray]:
+    """The oracle fit: L2 logistic regression (scikit-learn, C) on ``A`` = the training rows restricted to the true
+    columns. Returns (|Wald z| = |w_j| / se_j of each true column, se from the inverse of the full Hessian; the fit's
+    probabilities p_i): how far each true feature stands out of the noise these rows leave, with a perfect support."""
+    from sklearn.linear_model import LogisticRegression
+
+    m = LogisticRegression(C=C, max_iter=3000, tol=1e-7).fit(A, y)
+    w = m.coef_.ravel()
+    p = 1.0 / (1.0 + np.exp(-(A @ w + m.intercept_[0])))
+    H = (A.T @ A.multiply((p * (1.0 - p))[:, None])).toarray() + np.eye(A.shape[1]) / C
+    return np.abs(w / np.sqrt(np.diag(np.linalg.inv(H)))), p
+
+
+def band_recall(w: np.ndarray, tidx: np.ndarray, z_true: np.ndarray) -> dict:
+    """Recall of the true support ``tidx`` per band of the oracle |z| (``Z_BANDS``; ``z_true`` in ``tidx``'s order)
+    and of its detectable part (|z| ≥ ``DETECTABLE_Z``)."""
+    kept = w[tidx] != 0
+    out = {"detectable_recall": float(kept[z_true >= DETECTABLE_Z].mean())}
+    for lo, hi in zip(Z_BANDS[:-1], Z_BANDS[1:]):
+        band = (z_true >= lo) & (z_true < hi)
+        out[f"z{lo:g}-{hi:g}"] = float(kept[band].mean()) if band.any() else None
+    return out
+
+
 def frequency_ranks(col_nnz: np.ndarray) -> np.ndarray:
     """rank[j] = 1 + position of feature j when features are sorted by decreasing frequency."""
     order = np.argsort(-col_nnz, kind="stable")

@@ -4,14 +4,14 @@ Issue 12 asks, at 35k webspam-like rows, for holdout error ≤ LIBLINEAR's best 
 kept. This benchmark measures what any selector could reach on the same rows, using the generator's ground truth:
 
 1. **Oracle fit**: L2 logistic regression on the truth's columns only (the training rows; scikit-learn, best C of
-   ``ORACLE_C`` on the holdout). Its holdout error is the estimation floor with a perfect support; its Wald statistics
+   ``L2_C`` on the holdout). Its holdout error is the estimation floor with a perfect support; its Wald statistics
    z_j = w_j / se_j (se from the inverse of the full Hessian over the truth's columns) say how far each true feature
    stands out of the noise these rows leave.
-2. **Score statistics of every other column at the oracle fit**: z_j = Σ_i x_ij (y_i − p_i) / sqrt(Σ_i x_ij² p_i (1 − p_i)),
-   ~N(0, 1) for a column without signal.
+2. **Score statistics of every other column at the oracle fit** (:func:`score_z`), ~N(0, 1) for a column without
+   signal.
 3. **The ideal thresholding selector at recall r**: the true columns with |z| ≥ q_r (q_r the (1 − r) quantile of the
    true |z|) and every other column whose score |z| ≥ q_r, refitted by L2 logistic regression on the union (best C of
-   ``ORACLE_C`` on the holdout). It is handed the true model's fit, so no selector that thresholds per-column evidence
+   ``L2_C`` on the holdout). It is handed the true model's fit, so no selector that thresholds per-column evidence
    at a fitted model does better. The other columns come from all columns, from those seen ≥ ``MIN_COUNT`` times, and
    from those at least as frequent as the rarest true one (the generator draws the truth among its most frequent
    ranks: knowledge no method has). Rare columns cost little holdout error (they seldom occur there) but count in
@@ -29,60 +29,36 @@ import json
 import numpy as np
 
 from benchmarks.common import algo_specs, out_dir, report
-from benchmarks.diagnose import load_truth
-from benchmarks.learning import _matrix, _metrics, liblinear, model_path, ours, store_arguments, store_of
+from benchmarks.diagnose import DETECTABLE_Z, Z_BANDS, load_truth, oracle_z, truth_columns
+from benchmarks.learning import _matrix, _metrics, liblinear, ours, store_arguments, store_of
 
-ORACLE_C = (10.0, 100.0, 1000.0)   # C grid of the L2 refits (scikit-learn's C: 1 / (λ·n))
-Z_BANDS = (0.0, 1.0, 2.0, 3.0, 4.0, 6.0, np.inf)
-DETECTABLE_Z = 3.0
+L2_C = (10.0, 100.0, 1000.0)       # C grid of the L2 refits (scikit-learn's C: 1 / (λ·n))
 MAX_DENSITY = 1e-3                 # issue 12's density limit at 35k rows (0.1%)
 MIN_COUNT = 100                    # a frequency floor any user could set (the score z of rarer columns is not normal)
 
 
 def _l2_fit(Xtr, ytr, Xho, yho) -> dict:
-    """L2 logistic regression over ``ORACLE_C``, the C with the lowest holdout error (its fit and metrics)."""
+    """L2 logistic regression over ``L2_C``, the C with the lowest holdout error (its C and metrics)."""
     from sklearn.linear_model import LogisticRegression
 
     best = None
-    for C in ORACLE_C:
+    for C in L2_C:
         m = LogisticRegression(C=C, max_iter=3000, tol=1e-7).fit(Xtr, ytr)
-        f = Xho @ m.coef_.ravel() + m.intercept_[0]
-        r = {"C": C, "model": m, **_metrics(f, yho)}
+        r = {"C": C, **_metrics(Xho @ m.coef_.ravel() + m.intercept_[0], yho)}
         best = r if best is None or r["error"] < best["error"] else best
     return best
 
 
-def oracle_statistics(Xtr, ytr, tidx) -> tuple[np.ndarray, np.ndarray]:
-    """(|Wald z| of each true column in ``tidx`` order, |score z| of every column) at the L2 fit on the truth's
-    columns with C = max(ORACLE_C) (the least shrunk)."""
-    from sklearn.linear_model import LogisticRegression
-
-    C = max(ORACLE_C)
-    A = Xtr[:, tidx].tocsr()
-    m = LogisticRegression(C=C, max_iter=3000, tol=1e-7).fit(A, ytr)
-    w = m.coef_.ravel()
-    p = 1.0 / (1.0 + np.exp(-(A @ w + m.intercept_[0])))
-    curv = p * (1.0 - p)
-    H = (A.T @ A.multiply(curv[:, None])).toarray() + np.eye(tidx.size) / C
-    z_true = np.abs(w / np.sqrt(np.diag(np.linalg.inv(H))))
+def score_z(Xtr, ytr, p) -> np.ndarray:
+    """|score z| of every column at a fit with probabilities ``p``:
+    |Σ_i x_ij (y_i − p_i)| / sqrt(Σ_i x_ij² p_i (1 − p_i)) (0 for a column without entries)."""
     Xc = Xtr.tocsc()
     u = np.asarray(Xc.T @ ((ytr > 0) - p)).ravel()
-    v = np.asarray(Xc.multiply(Xc).T @ curv).ravel()
-    z_all = np.zeros(Xtr.shape[1])
+    v = np.asarray(Xc.multiply(Xc).T @ (p * (1.0 - p))).ravel()
+    z = np.zeros(Xtr.shape[1])
     seen = v > 0
-    z_all[seen] = np.abs(u[seen]) / np.sqrt(v[seen])
-    return z_true, z_all
-
-
-def band_recall(w: np.ndarray, tidx: np.ndarray, z_true: np.ndarray) -> dict:
-    """Recall of the true support per band of the oracle |z| (``Z_BANDS``) and of the detectable part (|z| ≥ 3)."""
-    kept = w[tidx] != 0
-    out = {}
-    for lo, hi in zip(Z_BANDS[:-1], Z_BANDS[1:]):
-        band = (z_true >= lo) & (z_true < hi)
-        out[f"z{lo:g}-{hi:g}"] = float(kept[band].mean()) if band.any() else None
-    out["detectable_recall"] = float(kept[z_true >= DETECTABLE_Z].mean())
-    return out
+    z[seen] = np.abs(u[seen]) / np.sqrt(v[seen])
+    return z
 
 
 def ideal_selector(Xtr, ytr, Xho, yho, tidx, z_true, z_all, recall: float, pool: np.ndarray | None) -> dict:
@@ -100,8 +76,6 @@ def ideal_selector(Xtr, ytr, Xho, yho, tidx, z_true, z_all, recall: float, pool:
 
 
 def main(argv=None):
-    from pipeline.model import load_model
-
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     store_arguments(ap, "stsgd", "5,7")
     ap.add_argument("--recalls", default="0.67,0.75,0.8,0.85", help="recalls of the ideal selector")
@@ -110,35 +84,36 @@ def main(argv=None):
     tidx, tval = load_truth(truth)
     order = np.argsort(tidx)
     tidx, tval = tidx[order], tval[order]
-    work = out_dir() / "oracle"
-    work.mkdir(parents=True, exist_ok=True)
     Xtr, ytr = _matrix(store, "train")
     Xho, yho = _matrix(store, "holdout")
-    z_true, z_all = oracle_statistics(Xtr, ytr, tidx)
+    A, y = truth_columns(store, tidx)
+    assert np.array_equal(y, ytr), "the store's training rows came in two orders"
+    z_true, p = oracle_z(A, y)
+    z_all = score_z(Xtr, ytr, p)
     oracle = _l2_fit(Xtr[:, tidx], ytr, Xho[:, tidx], yho)
     rows = [{"model": "truth's own weights", **_metrics(Xho[:, tidx] @ tval + load_truth_bias(truth), yho),
              "nnz": int(tidx.size), "recall": 1.0},
             {"model": f"oracle: L2 fit on the true columns (C={oracle['C']:g})", "error": oracle["error"],
              "auc": oracle["auc"], "nnz": int(tidx.size), "recall": 1.0}]
     col_nnz = np.diff(Xtr.tocsc().indptr)
-    pool = col_nnz >= col_nnz[tidx].min()
+    pools = (("all columns", None), (f"columns seen ≥ {MIN_COUNT} times", col_nnz >= MIN_COUNT),
+             ("generator's pool", col_nnz >= col_nnz[tidx].min()))
     bound = []
     for r in (float(x) for x in a.recalls.split(",") if x):
-        for name, pl in (("all columns", None), (f"columns seen ≥ {MIN_COUNT} times", col_nnz >= MIN_COUNT),
-                         ("generator's pool", pool)):
-            b = {"recall": r, "others_from": name, **ideal_selector(Xtr, ytr, Xho, yho, tidx, z_true, z_all, r, pl)}
-            bound.append(b)
-            print(json.dumps(b), flush=True)
+        for name, pool in pools:
+            bound.append({"recall": r, "others_from": name,
+                          **ideal_selector(Xtr, ytr, Xho, yho, tidx, z_true, z_all, r, pool)})
+            print(json.dumps(bound[-1]), flush=True)
+    work = out_dir() / "oracle"
+    work.mkdir(parents=True, exist_ok=True)
     for algo, extra in algo_specs(a.algos):
-        r = ours(store, algo, extra, a.passes, a.workers, Xho, yho, tidx, work)
-        w = load_model(model_path(work, algo, extra)).dense_weights()
-        rows.append({**r, **band_recall(w, tidx, z_true)})
+        rows.append(ours(store, algo, extra, a.passes, a.workers, Xho, yho, tidx, work, z_true))
         print(json.dumps(rows[-1]), flush=True)
     for C in (float(c) for c in a.C.split(",") if c):
-        r, w = liblinear(Xtr, ytr, Xho, yho, tidx, C)
-        rows.append({**r, **band_recall(w, tidx, z_true)})
+        rows.append(liblinear(Xtr, ytr, Xho, yho, tidx, C, z_true))
         print(json.dumps(rows[-1]), flush=True)
-    bands = {f"z{lo:g}-{hi:g}": int(((z_true >= lo) & (z_true < hi)).sum()) for lo, hi in zip(Z_BANDS[:-1], Z_BANDS[1:])}
+    bands = {f"z{lo:g}-{hi:g}": int(((z_true >= lo) & (z_true < hi)).sum())
+             for lo, hi in zip(Z_BANDS[:-1], Z_BANDS[1:])}
     report("oracle", {"store": store, "truth": truth, "true_per_z_band": bands,
                       "detectable": int((z_true >= DETECTABLE_Z).sum()), "bound": bound, "results": rows},
            rows, ["model", "error", "auc", "nnz", "recall", "detectable_recall", *bands])
