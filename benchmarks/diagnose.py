@@ -43,18 +43,24 @@ def truth_columns(store: str, tidx: np.ndarray, split: str = "train"):
 
     parts, ys = [], []
     for b in open_store(store).blocks(split):
-        parts.append(b.X.tocsc()[:, tidx].tocsr())
+        parts.append(b.X[:, tidx])
         ys.append(b.y)
     return sp.vstack(parts).tocsr(), np.concatenate(ys)
 
 
-def oracle_z(A, y, C: float = ORACLE_C) -> tuple[np.ndarray, np.ndarray]:
-    """The oracle fit: L2 logistic regression (scikit-learn, C) on ``A`` = the training rows restricted to the true
-    columns. Returns (|Wald z| = |w_j| / se_j of each true column, se from the inverse of the full Hessian; the fit's
-    probabilities p_i): how far each true feature stands out of the noise these rows leave, with a perfect support."""
+def oracle_fit(A, y, C: float = ORACLE_C):
+    """L2 logistic regression (scikit-learn, C) on ``A`` = the training rows restricted to the true columns."""
     from sklearn.linear_model import LogisticRegression
 
-    m = LogisticRegression(C=C, max_iter=3000, tol=1e-7).fit(A, y)
+    return LogisticRegression(C=C, max_iter=3000, tol=1e-7).fit(A, y)
+
+
+def oracle_z(A, y, m=None) -> tuple[np.ndarray, np.ndarray]:
+    """At the oracle fit ``m`` (:func:`oracle_fit`, made here when None): (|Wald z| = |w_j| / se_j of each true column,
+    se from the inverse of the full Hessian; the fit's probabilities p_i): how far each true feature stands out of
+    the noise these rows leave, with a perfect support."""
+    m = oracle_fit(A, y) if m is None else m
+    C = m.C
     w = m.coef_.ravel()
     p = 1.0 / (1.0 + np.exp(-(A @ w + m.intercept_[0])))
     H = (A.T @ A.multiply((p * (1.0 - p))[:, None])).toarray() + np.eye(A.shape[1]) / C

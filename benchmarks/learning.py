@@ -49,11 +49,6 @@ def sparsepipe_cmd(args: list[str]) -> tuple[dict, float]:
     return json.loads(r.stdout), time.perf_counter() - t0
 
 
-def model_path(work: Path, algo: str, extra: list[str]) -> Path:
-    """Where :func:`ours` saves the model of ``algo`` with ``extra`` arguments."""
-    return work / (spec_name(algo, extra).replace(" ", "_").replace("=", "-").replace("/", "_") + ".npz")
-
-
 def ours(store: str, algo: str, extra: list[str], passes: int, workers: int, Xho, yho, tidx, work: Path,
          z_true=None) -> dict:
     """Train ``algo`` with its defaults (and ``extra`` arguments) through the CLI; its row of the table (with the
@@ -61,7 +56,7 @@ def ours(store: str, algo: str, extra: list[str], passes: int, workers: int, Xho
     from pipeline.model import load_model
 
     name = spec_name(algo, extra)
-    out = model_path(work, algo, extra)
+    out = work / (name.replace(" ", "_").replace("=", "-").replace("/", "_") + ".npz")
     summary, wall = sparsepipe_cmd(["train", store, "--out", str(out), "--algo", algo, "--passes", str(passes),
                                     "--workers", str(workers), *extra])
     m = load_model(out)

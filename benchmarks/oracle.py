@@ -33,24 +33,24 @@ import json
 import numpy as np
 
 from benchmarks.common import algo_specs, out_dir, report
-from benchmarks.diagnose import DETECTABLE_Z, Z_BANDS, load_truth, oracle_z, truth_columns
+from benchmarks.diagnose import DETECTABLE_Z, ORACLE_C, Z_BANDS, load_truth, oracle_fit, oracle_z, truth_columns
 from benchmarks.learning import _matrix, _metrics, liblinear, ours, store_arguments, store_of
+from benchmarks.webspam import truth_floor
 
-L2_C = (10.0, 100.0, 1000.0)       # C grid of the L2 refits (scikit-learn's C: 1 / (λ·n))
+L2_C = (10.0, 100.0, ORACLE_C)     # C grid of the L2 refits (scikit-learn's C: 1 / (λ·n))
 MAX_DENSITY = 1e-3                 # issue 12's density limit at 35k rows (0.1%)
 MIN_COUNT = 100                    # a frequency floor any user could set (the score z of rarer columns is not normal)
 
 
 def _l2_fit(Xtr, ytr, Xho, yho) -> dict:
-    """L2 logistic regression over ``L2_C``, the C with the lowest holdout error (its C and metrics)."""
-    from sklearn.linear_model import LogisticRegression
-
-    best = None
+    """L2 logistic regression over ``L2_C``: the C with the lowest holdout error, its metrics, and every C's fit
+    ("fits")."""
+    best, fits = None, {}
     for C in L2_C:
-        m = LogisticRegression(C=C, max_iter=3000, tol=1e-7).fit(Xtr, ytr)
+        m = fits[C] = oracle_fit(Xtr, ytr, C)
         r = {"C": C, **_metrics(Xho @ m.coef_.ravel() + m.intercept_[0], yho)}
         best = r if best is None or r["error"] < best["error"] else best
-    return best
+    return {**best, "fits": fits}
 
 
 def score_z(Xtr, ytr, p) -> np.ndarray:
@@ -85,22 +85,19 @@ def main(argv=None):
     ap.add_argument("--recalls", default="0.67,0.75,0.8,0.85", help="recalls of the ideal selector")
     a = ap.parse_args(argv)
     store, truth = store_of(a)
-    tidx, tval = load_truth(truth)
-    order = np.argsort(tidx)
-    tidx, tval = tidx[order], tval[order]
+    tidx = np.sort(load_truth(truth)[0])
     Xho, yho = _matrix(store, "holdout")
-    A, ytr = truth_columns(store, tidx)
-    z_true, p = oracle_z(A, ytr)
-    oracle = _l2_fit(A, ytr, Xho[:, tidx], yho)
-    del A
     recalls = [float(x) for x in a.recalls.split(",") if x]
     Cs = [float(c) for c in a.C.split(",") if c]
-    Xtr = None
     if recalls or Cs:  # the whole training matrix (in memory: at 35k rows, not at 350k)
-        Xtr, y = _matrix(store, "train")
-        assert np.array_equal(y, ytr), "the store's training rows came in two orders"
-    rows = [{"model": "truth's own weights", **_metrics(Xho[:, tidx] @ tval + load_truth_bias(truth), yho),
-             "nnz": int(tidx.size), "recall": 1.0},
+        Xtr, ytr = _matrix(store, "train")
+        A = Xtr[:, tidx]
+    else:
+        Xtr, (A, ytr) = None, truth_columns(store, tidx)
+    oracle = _l2_fit(A, ytr, Xho[:, tidx], yho)
+    z_true, p = oracle_z(A, ytr, oracle["fits"][ORACLE_C])
+    del A
+    rows = [{**truth_floor(store, truth), "model": "truth's own weights"},
             {"model": f"oracle: L2 fit on the true columns (C={oracle['C']:g})", "error": oracle["error"],
              "auc": oracle["auc"], "nnz": int(tidx.size), "recall": 1.0}]
     bound = []
@@ -109,11 +106,11 @@ def main(argv=None):
         col_nnz = np.diff(Xtr.tocsc().indptr)
         pools = (("all columns", None), (f"columns seen ≥ {MIN_COUNT} times", col_nnz >= MIN_COUNT),
                  ("generator's pool", col_nnz >= col_nnz[tidx].min()))
-    for r in recalls:
-        for name, pool in pools:
-            bound.append({"recall": r, "others_from": name,
-                          **ideal_selector(Xtr, ytr, Xho, yho, tidx, z_true, z_all, r, pool)})
-            print(json.dumps(bound[-1]), flush=True)
+        for r in recalls:
+            for name, pool in pools:
+                bound.append({"recall": r, "others_from": name,
+                              **ideal_selector(Xtr, ytr, Xho, yho, tidx, z_true, z_all, r, pool)})
+                print(json.dumps(bound[-1]), flush=True)
     work = out_dir() / "oracle"
     work.mkdir(parents=True, exist_ok=True)
     for algo, extra in algo_specs(a.algos):
@@ -132,12 +129,6 @@ def main(argv=None):
     print("\nThe ideal thresholding selector (handed the oracle fit):")
     report("oracle_bound", {"store": store, "bound": bound}, bound,
            ["recall", "others_from", "threshold_z", "true_kept", "others", "density", "within_density", "error", "C"])
-
-
-def load_truth_bias(truth: str) -> float:
-    """The bias of the generator's true model."""
-    with np.load(truth, allow_pickle=False) as z:
-        return float(np.ravel(z["bias"])[0])
 
 
 if __name__ == "__main__":
