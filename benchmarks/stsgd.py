@@ -11,7 +11,9 @@ STSGD's mean density ("tg@density"). SGD and TG run as single-path learners (as 
 "stsgd[n_K=5]" the best grid point with the paper's stages of 5 bursts (the stage-length effect). The β0 grid
 reaches down to 0.01 because with the logistic loss every update moves w, so the (ST-9) β-quantile of the
 movement ratios is a large per-update gravity unless β0 is small (with hinge, zero-gradient updates put a mass
-of ratios at exactly 0 and the quantile is 0 after stage 1).
+of ratios at exactly 0 and the quantile is 0 after stage 1). The grid runs the paper's base gravity
+(``gravity = "adaptive"``): the default ``"l1"`` reads no β0 (before 2026-11-28 the grid ran it, so its β0
+points gave one model per eta).
 
 Speed: STSGD vs TG kernel throughput (non-zeros per second of kernel time, one path, 3 passes after a warm-up
 pass that loads the numba cache; the best of --speed-reps interleaved repetitions, since the machine is shared)
@@ -34,11 +36,12 @@ DATA = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data")
 SETS = {"dexter": ("dexter/dexter_train.svm", "dexter/dexter_valid.svm", 20000),
         "rcv1": ("rcv1_subset/rcv1_vw_small_train.svm", "rcv1_subset/rcv1_vw_small_test.svm", 47236)}
 ETAS = (0.1, 1.0, 10.0)
+PAPER_GRAVITY = {"gravity": "adaptive"}  # the β0 grid is the paper's rule (ST-9/ST-10); the default "l1" reads no β0
 GRIDS = {
     "sgd": [{"eta": e, "schedule": "sqrt"} for e in ETAS],
     "tg": [{"eta": e, "schedule": "sqrt", "K": 5, "gravity": g, "scale": "none", "bias_adagrad": False} for e in ETAS for g in (1e-4, 1e-3, 1e-2)],
-    "stsgd": ([{"eta": e, "n_K": 0, "beta0": b} for e in ETAS for b in (0.7, 0.3, 0.1, 0.03, 0.01)]
-              + [{"eta": e, "n_K": 5, "beta0": b} for e in ETAS for b in (0.7, 0.3, 0.1)]),
+    "stsgd": ([{"eta": e, "n_K": 0, "beta0": b, **PAPER_GRAVITY} for e in ETAS for b in (0.7, 0.3, 0.1, 0.03, 0.01)]
+              + [{"eta": e, "n_K": 5, "beta0": b, **PAPER_GRAVITY} for e in ETAS for b in (0.7, 0.3, 0.1)]),
 }
 TG_MATCH = (1e-4, 1e-3, 1e-2, 3e-2, 0.1, 0.3, 1.0, 3.0)  # gravities swept to match STSGD's density
 

@@ -91,7 +91,8 @@ OPTIONS = [
         "shuffle windows (0 = the algorithm's own stage length).", kind="run", min=0),
     Opt("generations", Optional[int], "Train on the blocks of the newest N generations (ingests/appends) only "
         "(0 = all, the default); the holdout is then their holdout blocks.", kind="run", min=0),
-    Opt("no_informative", bool, "STSGD ablation: truncate only the burst's touched coordinates by g0·K.",
+    Opt("no_informative", bool, "STSGD: truncation = touched (only the burst's touched coordinates, by g0·K) "
+        "instead of the default uniform; the paper's informative truncation is --set truncation=informative.",
         default=False, flags=("--no-informative",), kind="switch"),
     Opt("no_stability", bool, "STSGD ablation: no purging.", default=False, flags=("--no-stability",),
         kind="switch"),
@@ -172,12 +173,12 @@ class TrainingOptions:
         for key, choices in RUN_CHOICES.items():
             if key in run:
                 check_choice(run[key], choices, f"--{key}")
-        try:  # the algorithm's own checks (K >= 1, a known loss, ...) before any work
-            from pipeline.algorithms import params_class
+        try:  # the algorithm's own checks (K >= 1, a known loss, an option it would not read ...) before any work
+            from pipeline.algorithms import params_class, params_from_dict
 
-            params_class(name)(**opts)
+            params_from_dict(params_class(name), opts, where=f"--algo {name}")
         except (ValueError, TypeError) as e:
-            fail(f"--algo {name}: {e}", 2)
+            fail(str(e) if str(e).startswith("--algo") else f"--algo {name}: {e}", 2)
         return Resolved(name, opts, run, cfg_path)
 
 

@@ -38,7 +38,7 @@ def check_settings(cfg: dict, algo: str, where: str, run_types: dict | None = No
     ``algo``, of the right type and within bounds, and the hyper-parameters accepted by the algorithm's own
     checks (its Params dataclass: ``K = 0`` or ``loss = "foo"`` refused here, not after an hour of work).
     Raises ValueError naming ``where`` and the key (``prefix`` + key, e.g. "train.eta")."""
-    from pipeline.algorithms import ALGORITHMS, params_class
+    from pipeline.algorithms import ALGORITHMS, params_class, params_from_dict
     from pipeline.algorithms.describe import param_types
 
     run_types = RUN_TYPES if run_types is None else run_types
@@ -67,6 +67,6 @@ def check_settings(cfg: dict, algo: str, where: str, run_types: dict | None = No
             raise ValueError(f"{where}: '{prefix}{k}' must be one of {', '.join(RUN_CHOICES[k])}, got {val!r}")
     hyper = {k: v for k, v in cfg.items() if k not in run_types}
     try:
-        params_class(algo)(**hyper)
+        params_from_dict(params_class(algo), hyper, where=f"--algo {algo}")
     except (ValueError, TypeError) as e:
         raise ValueError(f"{where}: {e}") from None

@@ -274,6 +274,21 @@ def test_fobos_is_tg_with_k1_and_gravity_lambda(store):
     assert a.meta["hyper"]["lam"] == 1e-4 and a.nnz < a.n_features
 
 
+def test_fobos_literal_scale_is_the_literal_tg_and_the_default_records_its_resolved_steps(store):
+    """``scale = "none"``, ``bias_adagrad = false``: η and λ as given (the literal FOBOS of ALGORITHMS.md §2, i.e. the
+    literal TG with K = 1, θ = ∞, which tests/test_engine.py checks against its NumPy reference); the data-scaled
+    default differs from it and saves the η and λ it ran with."""
+    lit = {"scale": "none", "bias_adagrad": False}
+    a = fit(store, "fobos", {"eta": 0.5, "lam": 1e-2, **lit}, passes=2, paths=1, seed=1, client=None)
+    b = fit(store, "tg", {"eta": 0.5, "gravity": 1e-2, "K": 1, "schedule": "sqrt", **lit}, passes=2, paths=1, seed=1,
+            client=None)
+    np.testing.assert_array_equal(a.dense_weights(), b.dense_weights())
+    assert a.bias == b.bias and "resolved" not in a.meta["hyper"]
+    d = fit(store, "fobos", {"eta": 0.5, "lam": 1e-2}, passes=2, paths=1, seed=1, client=None)
+    r = d.meta["hyper"]["resolved"]
+    assert r["eta"] != 0.5 and r["lam"] != 1e-2 and not np.array_equal(d.dense_weights(), a.dense_weights())
+
+
 # ------------------------------------------------------------------------------------------- engine contract
 
 def test_same_weights_with_one_or_two_workers(store, client, one_worker_client):
@@ -301,7 +316,7 @@ def test_options_are_validated():
 
     for algo, bad, word in [("smidas", {"p": 1.5}, "p must"), ("scd", {"loss": "hinge"}, "smooth"), ("scd", {"curvature": "max"}, "curvature"),
                             ("grades", {"gamma": 0}, "gamma"), ("rda", {"lam": -1}, "lam"),
-                            ("fobos", {"schedule": "x"}, "schedule")]:
+                            ("fobos", {"schedule": "x"}, "schedule"), ("fobos", {"scale": "x"}, "scale")]:
         with pytest.raises(ValueError, match=word):
             make_algorithm(algo, bad)
     with pytest.raises(ValueError, match="one path"):

@@ -70,6 +70,8 @@ def test_two_passes_saved_and_resumed_for_three_equals_five(extra, store, tmp_pa
     extra = dict(extra)
     sb = extra.pop("stage_blocks", 0)
     opts = {**OPTS, **extra, **({"n_K": 0} if sb else {})}
+    if opts["gravity"] == "l1":  # the paper rule's β0 and γ are not read (and refused) under the L1 gravity
+        opts = {k: v for k, v in opts.items() if k not in ("beta0", "gamma")}
     full = fit(store, "stsgd", opts, passes=5, paths=2, seed=3, client=client, stage_blocks=sb)
     part = fit(store, "stsgd", opts, passes=2, paths=2, seed=3, client=client, stage_blocks=sb)
     part.save(tmp_path / "m.npz")
@@ -189,6 +191,22 @@ def test_stability_command_json(store, client):
     assert out["runs"] == 3 and -1.0 <= out["kappa"] <= 1.0 and 0.0 <= out["error_mean"] <= 1.0
     bad = CliRunner().invoke(app, ["stability", store, "--algo", "stsgd", "--runs", "2", "--set", "nope=1"])
     assert bad.exit_code == 2
+
+
+def test_a_base_gravity_option_the_setting_never_reads_is_refused_naming_it(store):
+    """β0, γ and g0_init drive the paper's rule only; l1 the default rule only: a given one that would change
+    nothing is a clear error (it was silently ignored), and the same keys under the rule that reads them train."""
+    from pipeline.algorithms import make_algorithm
+
+    for opts, named in [({"beta0": 0.1}, "beta0"), ({"gamma": 5.0, "g0_init": 1.0}, "g0_init, gamma"),
+                        ({"gravity": "adaptive", "l1": 1e-3}, "l1"), ({"fixed_gravity": 0.1, "beta0": 0.5}, "beta0")]:
+        with pytest.raises(ValueError, match=f"--algo stsgd: {named} has no effect"):
+            make_algorithm("stsgd", opts)
+    with pytest.raises(ValueError, match="gravity=adaptive"):
+        fit(store, "stsgd", {"beta0": 0.1}, passes=1, paths=1, client=None)
+    a = fit(store, "stsgd", {"gravity": "adaptive", "beta0": 0.1}, passes=1, paths=1, client=None)
+    b = fit(store, "stsgd", {"gravity": "adaptive", "beta0": 0.6}, passes=1, paths=1, client=None)
+    assert not np.array_equal(a.dense_weights(), b.dense_weights())
 
 
 def test_default_stage_is_one_pass():

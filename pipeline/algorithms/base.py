@@ -135,13 +135,18 @@ def nonzero_entries(idx: np.ndarray, values: np.ndarray) -> tuple:
 
 
 def params_from_dict(cls, values: dict, where: str = "config"):
-    """Build the frozen hyper-parameter dataclass ``cls`` from ``values``, rejecting unknown keys."""
+    """Build the frozen hyper-parameter dataclass ``cls`` from ``values``, rejecting unknown keys and given keys
+    the resulting setting never reads (the class's optional ``inert()``: {option: why})."""
     names = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(values) - names)
     if unknown:
         raise ValueError(f"{where}: unknown option(s) {', '.join(unknown)} for {cls.__name__}; "
                          f"known: {', '.join(sorted(names))}")
-    return cls(**values)
+    p = cls(**values)
+    inert = {k: why for k, why in (p.inert() if hasattr(p, "inert") else {}).items() if k in values}
+    if inert:
+        raise ValueError(f"{where}: {', '.join(sorted(inert))} has no effect: {next(iter(inert.values()))}")
+    return p
 
 
 def check_choice(name: str, value, choices) -> None:

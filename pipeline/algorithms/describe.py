@@ -39,7 +39,7 @@ GLOSSARY = {
     "K": "truncate every K steps",
     "theta": "truncation window θ: only weights with |w| ≤ θ are truncated",
     "fit_bias": "learn an unregularised bias term",
-    "hinge_at_one": "hinge loss max(0, 1 - y f) instead of the perceptron's max(0, -y f)",
+    "hinge_at_one": "hinge max(0, 1 - y f): gradient -y at y f <= 1 (the STSGD R code) instead of y f < 1",
     "seed": "seed of the algorithm's own random draws",
     "alpha": "per-coordinate learning-rate scale α",
     "beta": "per-coordinate learning-rate offset β",

@@ -44,6 +44,8 @@ from pipeline.algorithms.nssl import nnz_diag
 from pipeline.kernels import ecml as K
 from pipeline.kernels.losses import LOSS_CODES
 
+PAPER = "Shalev-Shwartz & Tewari, ICML 2009"  # the baseline ALGORITHMS.md §5 names (the section's paper is Xie et al.)
+
 BETA = {"logistic": 0.25, "squared": 1.0}
 CURVATURES = ("column", "paper")
 _CSC_CACHE: "OrderedDict[tuple, tuple]" = OrderedDict()

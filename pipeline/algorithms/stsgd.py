@@ -96,14 +96,15 @@ class STSGDParams:
                                     # at most rows/20, so a stage holds at least ~20 bursts
     n_K: int = 0                    # bursts per stage; 0 = no limit (stage = a pass / --stage-blocks blocks);
                                     # the paper's 5 is an option (see the class docstring)
-    beta0: float = 0.7              # maximal (initial) rejection rate (ST-9/ST-10)
-    gamma: float = -3.0             # annealing rate of β (ST-10)
+    beta0: float = 0.7              # gravity "adaptive": maximal (initial) rejection rate (ST-9/ST-10)
+    gamma: float = -3.0             # gravity "adaptive": annealing rate of β (ST-10)
     pi0: float = 0.8                # purging threshold (ST-7); 0 = never purge
     delta_K: float = 0.0            # carry-over evidence threshold (ST-11); 0 = plain eq. (8)
     ratio: str = "c"                # ST-11 denominator: "c" (bursts with evidence, [R]) | "paper" (updates)
     alpha: float = 0.0              # burst-size annealing (ST-12); 0 = off, else in (0, 1) (code: 0.5)
     tol: float = 1e-3               # stopping rule (ST-13) on ‖w̄_s − w̄_{s−1}‖ relative; 0 = passes only
-    g0_init: float | None = None    # base gravity of stage 1; None = per-burst quantile rule at β0 [R]
+    g0_init: float | None = None    # gravity "adaptive": base gravity of stage 1; None = per-burst quantile
+                                    # rule at β0 [R]
     truncation: str = "uniform"     # uniform: every alive coordinate loses g0 per update (ST-2 as in TG, lazy)
                                     # [R]; informative: S(w_j, g0·k̃_j) on touched j (ST-4, the paper);
                                     # touched: g0·K on the burst's touched coordinates only
@@ -173,6 +174,15 @@ class STSGDParams:
         check_positive("adagrad_delta", self.adagrad_delta)
         if self.ratio not in RATIOS:
             raise ValueError(f"ratio must be 'c' or 'paper', got {self.ratio!r}")
+
+    def inert(self) -> dict:
+        """{option: why} of the base-gravity options this setting never reads (given ones are refused)."""
+        if self.fixed_gravity is not None:
+            return dict.fromkeys(("beta0", "gamma", "g0_init", "l1"), "fixed_gravity sets g0 for every stage")
+        if self.gravity == "l1":
+            return dict.fromkeys(("beta0", "gamma", "g0_init"), "with gravity = 'l1' (the default) g0 = η·l1; "
+                                 "the paper's rejection-rate rule (ST-9/ST-10) is --set gravity=adaptive")
+        return {"l1": "with gravity = 'adaptive' the rejection-rate rule (ST-9/ST-10) sets g0; l1 is read by gravity 'l1' only"}
         if not (self.alpha == 0 or 0.0 < self.alpha < 1.0):
             raise ValueError(f"alpha must be 0 (off) or in (0, 1), got {self.alpha}")
         if not (self.tol >= 0):
