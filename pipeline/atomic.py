@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
+import stat
 import tempfile
 
 
@@ -64,8 +65,20 @@ def write_atomically(path, fill, suffix: str = ".tmp", durable: bool = True) -> 
     """``fill(f)`` writes the content into a binary file object; it becomes ``path`` only once complete, with
     the permissions a plain ``open(path, "w")`` would give it (0666 less the umask). The temporary file is
     ``.NAME.HOST-PID.XXXX`` + ``suffix`` beside ``path``; those of dead writers of ``path`` are removed first.
-    ``durable``: fsync the file and its directory (False for scratch files that no later run reads)."""
+    ``durable``: fsync the file and its directory (False for scratch files that no later run reads).
+    Through a symbolic link the link's target is replaced (the link stays); a FIFO or a device (``/dev/stdout``)
+    is written directly, as a plain write would."""
     path = os.fspath(path)
+    try:
+        mode = os.stat(path).st_mode  # follows links
+    except OSError:
+        mode = stat.S_IFREG
+    if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):  # a FIFO, a terminal, /dev/stdout: no rename there
+        with open(path, "wb") as f:
+            fill(f)
+        return path
+    if os.path.islink(path):  # a plain write goes through a symbolic link: the rename replaces its target
+        path = os.path.realpath(path)
     d = os.path.dirname(os.path.abspath(path)) or "."
     stem = "." + os.path.basename(path) + "."
     _remove_stale(d, stem, suffix)

@@ -5,6 +5,7 @@ import os
 
 import numpy as np
 
+from pipeline.atomic import write_atomically
 from pipeline.evaluate import csr_scores
 
 CHUNK = 32 << 20
@@ -41,21 +42,17 @@ def predict_to_file(model, input_path: str, out_path: str, zero_based: bool = Fa
             raise ValueError(f"{input_path}: empty input (0 bytes); nothing to predict")
         mats = _rows_of_text(input_path, zero_based)
     w = model.dense_weights()  # once, not per block; columns beyond the model count 0 (as decision_function)
-    tmp = out_path + ".tmp"
-    n = 0
     regression = model.meta.get("label_kind") == "regression"
-    try:
-        with open(tmp, "w", encoding="utf-8") as f:
-            for indptr, indices, data in mats:
-                s = csr_scores(indptr, indices, data, w, model.bias)
-                lab = s if regression else np.where(s > 0, 1, -1)
-                f.write("".join(f"{a:g} {b:.9g}\n" if regression else f"{a:+d} {b:.9g}\n" for a, b in zip(lab, s)))
-                n += s.shape[0]
-    except BaseException:  # nothing half-written: a corrupt block or a bad line leaves no output
-        try:
-            os.remove(tmp)
-        except OSError:
-            pass
-        raise
-    os.replace(tmp, out_path)
+    n = 0
+
+    def fill(f):  # nothing half-written: a corrupt block or a bad line leaves no output (pipeline.atomic)
+        nonlocal n
+        for indptr, indices, data in mats:
+            s = csr_scores(indptr, indices, data, w, model.bias)
+            lab = s if regression else np.where(s > 0, 1, -1)
+            f.write("".join(f"{a:g} {b:.9g}\n" if regression else f"{a:+d} {b:.9g}\n"
+                            for a, b in zip(lab, s)).encode())
+            n += s.shape[0]
+
+    write_atomically(out_path, fill, durable=False)
     return n

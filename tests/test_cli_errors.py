@@ -8,6 +8,7 @@ import os
 import resource
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -285,6 +286,31 @@ def test_outputs_are_checked_before_any_work(tmp_path):
         r = cli(*args)
         assert r.returncode == 1 and cause in r.stderr and "Traceback" not in r.stderr, r.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+def test_outputs_go_through_a_symbolic_link_and_into_a_fifo_as_a_plain_write_would(base, tmp_path):
+    """``--out`` naming a link replaces the link's target (the link stays a link), and a FIFO (a pipe, as
+    /dev/stdout often is) is written into, not replaced by a regular file."""
+    import threading
+
+    (tmp_path / "target.txt").write_text("old")
+    os.symlink("target.txt", tmp_path / "link.txt")
+    svm = base / "s.svm"
+    r = cli("predict", base / "m.npz", svm, "--out", tmp_path / "link.txt")
+    assert r.returncode == 0, r.stderr
+    assert os.path.islink(tmp_path / "link.txt")
+    lines = (tmp_path / "target.txt").read_text().splitlines()
+    assert len(lines) == 600 and len(lines[0].split()) == 2
+    os.mkfifo(tmp_path / "fifo")
+    got = []
+    reader = threading.Thread(target=lambda: got.append((tmp_path / "fifo").read_text()))
+    reader.start()
+    r = cli("predict", base / "m.npz", svm, "--out", tmp_path / "fifo")
+    reader.join(60)
+    assert r.returncode == 0, r.stderr
+    assert got and got[0].splitlines() == lines
+    assert stat.S_ISFIFO(os.lstat(tmp_path / "fifo").st_mode)
+    assert sorted(os.listdir(tmp_path)) == ["fifo", "link.txt", "target.txt"]
 
 
 def test_workers_and_scheduler_together_are_refused(tmp_path):
