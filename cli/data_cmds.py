@@ -48,6 +48,8 @@ def ingest(
 
     summary = run_reporting(bar, lambda: run_ingest(inputs, str(out), opts, append=append, workers=workers,
                                                     scheduler=scheduler, progress=progress))
+    for note in summary["notes"]:
+        typer.echo(f"note: {note}", err=True)
     share = summary["new_holdout_rows"] / max(1, summary["new_rows"])
     if holdout > 0 and summary["new_rows"] and not holdout / 2 <= share <= 2 * holdout:
         typer.echo(f"note: {summary['new_holdout_rows']:,} of the {summary['new_rows']:,} new rows ({share:.0%}) are "

@@ -437,6 +437,20 @@ def _decide_labels(mode: str, counts: dict, first_line: dict, path: str, prefer:
     return None
 
 
+def _check_label_meaning(old: dict | None, sources: list, label_map: dict) -> None:
+    """A file of the store whose every label was 1 was read as +1 with nothing to go by (``label_guess``): a new
+    file under ``--labels auto`` that reads 1 as -1 ({1,2}) is refused, naming both, instead of giving the same raw
+    label opposite classes in one store."""
+    guessed = [s["path"] for s in (old["sources"] if old else []) if s.get("label_guess")]
+    for i, src in enumerate(sources):
+        m = label_map.get(i)
+        if guessed and m and m[0] == 1.0:
+            raise IngestError(
+                f"{src['path']}: label 1 would be -1 (labels 1/2) but {guessed[0]}, whose every label is 1, was read "
+                f"as +1 in this store; nothing was committed: ingest the files again into a new store with the "
+                f"encoding they share given (--labels 1,2)")
+
+
 def _lock_path(out: str) -> str:
     """``STORE.lock`` beside the store's real path: two spellings of one store (a symlink, ``a/../b``) take the
     same lock (a second mount of the same directory is not recognised)."""
@@ -658,10 +672,11 @@ def _commit(c, root, out, old, sources, tasks, results, o, generation, t0):
         first = errors[0]
         more = f" (and {len(errors) - 1} more range(s) with errors)" if len(errors) > 1 else ""
         raise IngestError(_format_error(*first) + more + "; nothing was committed")
-    # labels, per source
+    # labels, per source; under "auto" a file whose every label is 1 (+1 of {-1,+1} and {0,1}, -1 of {1,2}) takes
+    # the encoding of the store or of this ingest's other files, decided first
     prev_maps = [tuple(b["label_map"]) for b in (old["blocks"] if old else []) if b.get("label_map")]
     kinds = {old["labels"]["kind"]} if old and old["n_rows"] else set()
-    label_map = {}
+    label_map, notes, seen, guessed = {}, [], {}, set()
     for s_idx, src in enumerate(sources):
         counts, first = {}, {}
         for b in blocks:
@@ -670,9 +685,18 @@ def _commit(c, root, out, old, sources, tasks, results, o, generation, t0):
             for v, n, ln in zip(b["label_values"], b["label_counts"], b["label_first_line"]):
                 counts[v] = counts.get(v, 0) + n
                 first[v] = min(first.get(v, 1 << 62), b["first_line"] + ln)
+        seen[s_idx] = (counts, first)
+    ambiguous = [i for i, (counts, _) in seen.items() if o.labels == "auto" and set(counts) == {1.0}]
+    for s_idx in [i for i in seen if i not in ambiguous] + ambiguous:
+        counts, first = seen[s_idx]
+        src = sources[s_idx]
         if not counts:
             label_map[s_idx] = None
             continue
+        if s_idx in ambiguous and not prev_maps:
+            guessed.add(s_idx)
+            notes.append(f"{src['path']}: every label is 1, read as +1 ({{-1,+1}} or {{0,1}}); if 1 is the "
+                         f"negative class ({{1,2}}), ingest with --labels 1,2")
         enc = _decide_labels(o.labels, counts, first, src["path"], prev_maps)
         kind = "binary" if enc else "regression"
         if kinds and kind not in kinds:
@@ -683,6 +707,7 @@ def _commit(c, root, out, old, sources, tasks, results, o, generation, t0):
         label_map[s_idx] = enc
         if enc:
             prev_maps.append(enc)
+    _check_label_meaning(old if o.labels == "auto" else None, sources, label_map)
     kind = kinds.pop() if kinds else "binary"
     # width
     width = max([o.n_features or 0, old["n_features"] if old else 0] + [b["max_index"] for b in blocks])
@@ -718,6 +743,7 @@ def _commit(c, root, out, old, sources, tasks, results, o, generation, t0):
                                     "reason": libsvm.ERROR_MESSAGES[code]}) + "\n")
     # label counts
     label_counts = dict(old["labels"]["counts"]) if old else {}
+    new_holdout = {}  # class counts of the new holdout blocks (binary)
     for e in entries:
         lab = e.pop("_labels", None)
         if lab is None:
@@ -725,6 +751,13 @@ def _commit(c, root, out, old, sources, tasks, results, o, generation, t0):
         for v, n in zip(*lab):
             name = ("+1" if v == e["label_map"][1] else "-1") if e["label_map"] else f"{v:g}"
             label_counts[name] = label_counts.get(name, 0) + n
+            if e["split"] == "holdout" and e["label_map"]:
+                new_holdout[name] = new_holdout.get(name, 0) + n
+    if len(new_holdout) == 1:
+        (cls, n), = new_holdout.items()
+        notes.append(f"every one of the {n:,} new holdout rows is {cls}: holdout error says little and AUC is "
+                     f"undefined; is the input sorted by label? (a shuffled copy, or a smaller --block-mb for "
+                     f"more holdout blocks)")
     now = time.strftime("%Y-%m-%dT%H:%M:%S%z")
     src_entries = list(old["sources"]) if old else []
     for s_idx, src in enumerate(sources):
@@ -732,7 +765,8 @@ def _commit(c, root, out, old, sources, tasks, results, o, generation, t0):
         n_skip = sum(1 for s in skipped if s[0] == src["path"])
         src_entries.append({**src, "rows": n_rows, "skipped": n_skip, "generation": generation,
                             "ingested_at": now,
-                            "label_map": list(label_map[s_idx]) if label_map.get(s_idx) else None})
+                            "label_map": list(label_map[s_idx]) if label_map.get(s_idx) else None,
+                            **({"label_guess": True} if s_idx in guessed else {})})
     manifest = {
         "format": fmt.FORMAT, "format_version": fmt.FORMAT_VERSION,
         "store_id": old["store_id"] if old else uuid.uuid4().hex,
@@ -777,4 +811,5 @@ def _commit(c, root, out, old, sources, tasks, results, o, generation, t0):
         "seconds": round(time.time() - t0, 3),
         "bytes_read": int(sum(s["size"] for s in sources)),
         "generation": generation, "labels": manifest["labels"], "stats_bands": stats_bands,
+        "notes": notes,
     }

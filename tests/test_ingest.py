@@ -172,6 +172,42 @@ def test_label_encodings_and_regression(tmp, client):
     assert y.tolist() == [0.5, -2.25, 3.0] and st.label_kind == "regression"
 
 
+def test_a_file_whose_every_label_is_1_takes_the_stores_encoding_whatever_the_order(tmp, client):
+    """Label 1 is +1 of {-1,+1} and {0,1} but -1 of {1,2}: a file holding only 1s follows the other files of the
+    ingest (either order) or the store's; with nothing to go by it is read as +1 with a note, and a later {1,2}
+    file that would read 1 as -1 is refused instead of flipping the class of the same raw label."""
+    only1 = write(tmp / "only1.svm", "1 1:1\n1 2:1\n1 3:1\n")
+    mix12 = write(tmp / "mix12.svm", "2 1:1\n1 2:1\n")
+    for name, files in [("ab", [only1, mix12]), ("ba", [mix12, only1])]:
+        s = ingest(files, str(tmp / name), IngestOptions(holdout=0), client=client)
+        st = open_store(tmp / name)
+        assert st.manifest["labels"]["counts"] == {"+1": 1, "-1": 4} and s["notes"] == [], name
+    s = ingest([only1], str(tmp / "g"), IngestOptions(holdout=0), client=client)
+    assert s["notes"] == [f"{only1}: every label is 1, read as +1 ({{-1,+1}} or {{0,1}}); if 1 is the negative class "
+                          f"({{1,2}}), ingest with --labels 1,2"]
+    before = open_store(tmp / "g").manifest
+    with pytest.raises(IngestError, match=r"mix12.svm: label 1 would be -1 .*only1.svm, whose every label is 1"):
+        ingest([mix12], str(tmp / "g"), IngestOptions(holdout=0), append=True, client=client)
+    assert open_store(tmp / "g").manifest == before
+    s = ingest([write(tmp / "more1.svm", "1 4:1\n-1 5:1\n")], str(tmp / "g"), IngestOptions(holdout=0),
+               append=True, client=client)
+    assert open_store(tmp / "g").manifest["labels"]["counts"] == {"+1": 4, "-1": 1}
+
+
+def test_a_one_class_holdout_is_noted(tmp, client):
+    sorted_ = write(tmp / "sorted.svm", "\n".join(["1 1:1"] * 200 + ["-1 2:1"] * 200))
+    s = ingest([sorted_], str(tmp / "s"), IngestOptions(block_mb=0.0005, holdout=0.25, seed=2), client=client)
+    classes = {float(v) for b in open_store(tmp / "s").blocks("holdout") for v in b.y}
+    n = sum(e["rows"] for e in open_store(tmp / "s").entries("holdout"))
+    assert len(classes) == 1 and s["notes"] == [
+        f"every one of the {n} new holdout rows is {'+1' if classes == {1.0} else '-1'}: holdout error says little "
+        f"and AUC is undefined; is the input sorted by label? (a shuffled copy, or a smaller --block-mb for more "
+        f"holdout blocks)"]
+    mixed = write(tmp / "mixed.svm", "\n".join(["1 1:1", "-1 2:1"] * 200))
+    assert ingest([mixed], str(tmp / "m"), IngestOptions(block_mb=0.0005, holdout=0.25, seed=2),
+                  client=client)["notes"] == []
+
+
 def test_append_adds_rows_widens_and_refuses_the_same_file(tmp, client):
     a = write(tmp / "a.svm", "\n".join(lines(100, 1, width=20)))
     b = write(tmp / "b.svm", "\n".join(lines(80, 2, width=40)))
