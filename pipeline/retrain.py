@@ -241,16 +241,10 @@ class _Clients:
     def ingest_client(self):
         if self.given is not None:
             return self.given
-        if self.c is None:
-            if self.workers == 0 and not self.scheduler:
-                from distributed import Client
+        if self.c is None:  # workers 0: this process's threads (no Dask scheduler, so no listening socket)
+            from pipeline.cluster import dask_client
 
-                self.c = self.stack.enter_context(Client(processes=False, n_workers=1, threads_per_worker=1,
-                                                         dashboard_address=None))
-            else:
-                from pipeline.cluster import dask_client
-
-                self.c = self.stack.enter_context(dask_client(self.workers, self.scheduler))
+            self.c = self.stack.enter_context(dask_client(self.workers, self.scheduler))
         return self.c
 
     def train_client(self):

@@ -4,6 +4,7 @@ Days are small synth files of one concept (--model-seed 7) with different row se
 `sparsepipe retrain` subprocess at a named point (SPARSEPIPE_FAULT), re-runs the night, and compares registry
 and store with an uninterrupted night: same versions, pointer, weights (bit for bit), blocks and sources.
 """
+import contextlib
 import json
 import os
 import shutil
@@ -518,3 +519,49 @@ def test_a_first_night_of_one_block_is_refused_before_the_append(days, tmp_path)
     assert open_registry(os.path.join(d, "models")).run_log()[-1]["event"] == "error"
     code, res = _run(d, [days[1]])
     assert code == EXIT_OK and res["status"] == "promoted"
+
+
+def _listening_inodes() -> set:
+    """Inodes of the TCP sockets in LISTEN state (st 0A) that this process holds open."""
+    mine = set()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            link = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if link.startswith("socket:["):
+            mine.add(link[8:-1])
+    listening = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with contextlib.suppress(OSError), open(table) as f:
+            for line in list(f)[1:]:
+                cols = line.split()
+                if cols[3] == "0A":
+                    listening.add(cols[9])
+    return mine & listening
+
+
+def test_a_job_with_workers_0_opens_no_listening_socket(days, tmp_path):
+    """``workers = 0`` runs the night in this process (the append on its threads): no Dask scheduler, so no
+    port open to the network while it runs (it had listened on 0.0.0.0 during the append)."""
+    import threading
+
+    d = str(tmp_path)
+    _job(d)
+    seen, done = set(), threading.Event()
+
+    def watch():
+        while not done.is_set():
+            seen.update(_listening_inodes())
+            time.sleep(0.005)
+
+    before = _listening_inodes()
+    t = threading.Thread(target=watch)
+    t.start()
+    try:
+        code, res = _run(d, [days[1]])
+    finally:
+        done.set()
+        t.join()
+    assert code == EXIT_OK and res["status"] == "promoted"
+    assert seen - before == set()
