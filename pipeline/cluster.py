@@ -138,18 +138,45 @@ def dask_client(workers: int | None = None, scheduler: str | None = None, client
     from distributed import Client
 
     if scheduler:
+        timeout = connect_timeout()
         try:
-            c = Client(scheduler, timeout=connect_timeout())
+            c = Client(scheduler, timeout=timeout)
         except (OSError, TimeoutError) as e:
             raise OSError(f"{scheduler}: no Dask scheduler answers ({' '.join(str(e).split())}); check the "
                           f"address or drop --scheduler") from None
-        with c, pause_watch(c):
-            yield c
+        except (ValueError, TypeError) as e:  # "127.0.0.1:notaport", "foo://x"
+            from pipeline.config import UsageError
+
+            raise UsageError(f"--scheduler {scheduler}: not a scheduler address ({' '.join(str(e).split())}); "
+                             f"give tcp://HOST:PORT") from None
+        with _client_errors_quiet(), c, pause_watch(c):
+            try:
+                yield c
+            except Exception as e:
+                if c.status == "running" and "connection-lost" not in str(e):
+                    raise
+                raise OSError(f"{scheduler}: lost the Dask scheduler mid-run ({type(e).__name__}); nothing was "
+                              f"written; check the cluster and run again") from None
         return
     env = {**worker_environ(), "DASK_LOGGING__DISTRIBUTED": logging.getLevelName(worker_log_level()).lower()}
     with dask.config.set({"distributed.nanny.pre-spawn-environ": env}), \
             local_cluster(workers, local_memory_limit(workers), worker_log_level()) as cluster, Client(cluster) as c:
         yield c
+
+
+@contextlib.contextmanager
+def _client_errors_quiet():
+    """While joined to a ``--scheduler``: the client's own ERROR log records (a lost scheduler logs a traceback of
+    tens of lines before the run's exception) are not printed; the run's one-line error says what happened.
+    ``SPARSEPIPE_DEBUG=1`` keeps them."""
+    log = logging.getLogger("distributed.client")
+    old = log.level
+    if os.environ.get("SPARSEPIPE_DEBUG", "").strip().lower() in ("", "0", "false", "no", "off"):
+        log.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        log.setLevel(old)
 
 
 NO_PAUSE = {"distributed": {"worker": {"memory": {"pause": False}}}}
@@ -319,7 +346,10 @@ def worker_log_level() -> int:
 
 def connect_timeout() -> float:
     """Seconds to wait for a ``--scheduler`` to answer (``SPARSEPIPE_CONNECT_TIMEOUT``, default 10)."""
+    text = os.environ.get("SPARSEPIPE_CONNECT_TIMEOUT", "10")
     try:
-        return max(0.1, float(os.environ.get("SPARSEPIPE_CONNECT_TIMEOUT", "10")))
+        return max(0.1, float(text))
     except ValueError:
-        return 10.0
+        from pipeline.config import UsageError
+
+        raise UsageError(f"SPARSEPIPE_CONNECT_TIMEOUT={text!r}: not a number of seconds") from None

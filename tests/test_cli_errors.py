@@ -132,6 +132,55 @@ def test_scheduler_that_does_not_answer_is_a_clean_error_in_bounded_time(base, t
     assert time.time() - t0 < 60 and not (tmp_path / "m.npz").exists()
 
 
+def test_a_bad_scheduler_address_or_timeout_is_a_usage_error_naming_it(base, tmp_path):
+    for addr in ("127.0.0.1:notaport", "foo://x"):
+        r = cli("train", base / "st.zarr", "--out", tmp_path / "m.npz", "--scheduler", addr, timeout=120)
+        assert_clean(r, f"--scheduler {addr}: not a scheduler address", "tcp://HOST:PORT", code=2)
+    r = cli("train", base / "st.zarr", "--out", tmp_path / "m.npz", "--scheduler", "tcp://127.0.0.1:9",
+            env={"SPARSEPIPE_CONNECT_TIMEOUT": "abc"}, timeout=120)
+    assert_clean(r, "SPARSEPIPE_CONNECT_TIMEOUT='abc'", code=2)
+    assert _listing(tmp_path) == []
+
+
+def test_a_scheduler_killed_mid_run_is_one_line_and_leaves_no_model(tmp_path):
+    """A real external cluster (a scheduler and a worker process on loopback); SIGKILL of the scheduler while
+    `train --scheduler` runs: one error line naming the address, exit 1, no model and no temporary file."""
+    d = tmp_path
+    assert cli("synth", d / "s.svm", "--rows", "3000", "--features", "20000", "--nnz-per-row", "40").returncode == 0
+    assert cli("ingest", d / "s.svm", "--out", d / "st.zarr", "--block-mb", "0.05").returncode == 0
+    bindir = os.path.dirname(sys.executable)
+    sched = subprocess.Popen([os.path.join(bindir, "dask"), "scheduler", "--host", "127.0.0.1", "--port", "0",
+                              "--no-dashboard", "--scheduler-file", str(d / "sched.json")],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    worker = None
+    try:
+        deadline = time.time() + 60
+        while not (d / "sched.json").exists() and time.time() < deadline:
+            time.sleep(0.1)
+        time.sleep(0.3)
+        addr = json.loads((d / "sched.json").read_text())["address"]
+        worker = subprocess.Popen([os.path.join(bindir, "dask"), "worker", addr, "--host", "127.0.0.1", "--nthreads",
+                                   "1", "--no-dashboard"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        run = subprocess.Popen([sys.executable, "-m", "cli.main", "train", str(d / "st.zarr"), "--out",
+                                str(d / "m.npz"), "--algo", "tg", "--passes", "400", "--no-refit", "--scheduler", addr,
+                                "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
+        for line in run.stderr:  # the run's JSON pass lines on stderr: kill once the passes run
+            if line.startswith("{") and '"pass"' in line:
+                break
+        sched.send_signal(signal.SIGKILL)
+        out, err = run.communicate(timeout=120)
+        err = err.strip()
+    finally:
+        for p in (worker, sched):
+            if p is not None and p.poll() is None:
+                p.kill()
+                p.wait()
+    assert run.returncode == 1, err
+    assert "Traceback" not in err and len(err.splitlines()) == 1, err
+    assert err.startswith(f"error: {addr}: lost the Dask scheduler mid-run"), err
+    assert sorted(p for p in os.listdir(d) if "m.npz" in p) == []
+
+
 def _small_filesystem(path):
     """A 24 KiB tmpfs at ``path`` (root), else None."""
     path.mkdir()
