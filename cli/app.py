@@ -311,12 +311,13 @@ def run_reporting(bar: Progress, fn):
 
 NO_VERIFY_HELP = ("Read blocks without checking them against the manifest checksums (a corrupt block then feeds "
                   "wrong numbers; the check is one XXH64 pass over a block's decoded arrays; training checks each "
-                  "block on the run's first read of it). SPARSEPIPE_VERIFY=0 in the environment does the same; "
-                  "remote workers of a --scheduler cluster check unless their own environment has it.")
+                  "block on the run's first read of it). SPARSEPIPE_VERIFY=0 in the environment does the same")
+REMOTE_VERIFY_HELP = "; remote workers of a --scheduler cluster check unless their own environment has it"
 
 
-def no_verify_option():
-    return typer.Option(False, "--no-verify", help=NO_VERIFY_HELP)
+def no_verify_option(remote: bool = True):
+    """``--no-verify``; ``remote``: the command can run on a ``--scheduler`` cluster (its help says how)."""
+    return typer.Option(False, "--no-verify", help=NO_VERIFY_HELP + (REMOTE_VERIFY_HELP if remote else "") + ".")
 
 
 _ENV_VERIFY: list = []  # the environment's own SPARSEPIPE_VERIFY setting, read before any command changes it

@@ -295,11 +295,15 @@ def evaluate(
 def predict(
     model: Path = typer.Argument(..., help="Model file."),
     input: Path = typer.Argument(..., help="LIBSVM text file or a store (all blocks, row order)."),
-    out: Path = typer.Option(..., "--out", "-o", help="Output: one line per row, 'label score'."),
+    out: Path = typer.Option(..., "--out", "-o", help="Output: one line per row, 'label score': the score is the "
+                             "margin w·x + b (not a probability: a logistic model's is 1/(1 + e^-score)) and the "
+                             "label its sign as +1/-1, whatever the input's encoding; a regression model writes "
+                             "its prediction in both columns (the first to 6 digits)."),
     zero_based: bool = typer.Option(False, "--zero-based", help="LIBSVM input indices start at 0."),
-    no_verify: bool = no_verify_option(),
+    no_verify: bool = no_verify_option(remote=False),
 ):
-    """Scores and predicted labels for every row of INPUT."""
+    """Scores and predicted labels for every row of INPUT (text is read in float64, a store in its dtype, so the
+    two can differ in the 8th digit for a float32 store)."""
     apply_verify(no_verify)
     check_output(out, "predictions")
     from pipeline.model import load_model

@@ -28,7 +28,7 @@ def sparsify(
                                                "until nnz distinct coordinates (nnz exact)."),
     seed: int = typer.Option(0, help="Seed of the draws."),
     as_json: bool = typer.Option(False, "--json", help="Print a JSON summary."),
-    no_verify: bool = no_verify_option(),
+    no_verify: bool = no_verify_option(remote=False),
 ):
     """Turn MODEL into a sparse model by randomized sparsification; records what it did in the model's meta."""
     apply_verify(no_verify)
