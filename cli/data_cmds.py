@@ -91,7 +91,7 @@ def info(store: Path = typer.Argument(..., help="Store directory."),
     typer.echo(f"blocks       {d['n_blocks']} ({d['train_blocks']} train, {d['holdout_blocks']} holdout; "
                f"holdout rows {d['holdout_rows']:,})")
     typer.echo(f"size         {d['bytes_on_disk'] / 1e6:,.1f} MB on disk, {d['bytes_source'] / 1e6:,.1f} MB of "
-               f"text (compression ratio {d['compression_ratio']:.2f})")
+               f"input files as given, compressed or not (ratio {d['compression_ratio']:.2f})")
     typer.echo(f"skipped      {d['skipped_lines']} lines")
     for s in d["sources"]:
         typer.echo(f"source       {s['path']}  ({s['rows']:,} rows, generation {s['generation']}, {s['ingested_at']})")

@@ -303,6 +303,8 @@ def test_compressed_inputs_stream_and_truncation_is_an_error(opener, suffix, tmp
     Xp, yp, _ = store_matrix(tmp / "p")
     Xc, yc, st = store_matrix(tmp / "c")
     assert (Xp != Xc).nnz == 0 and np.array_equal(yp, yc) and len(st.manifest["blocks"]) > 2
+    rows = [[(e["rows"], e["first_line"], e["split"]) for e in open_store(tmp / k).manifest["blocks"]] for k in "pc"]
+    assert rows[0] == rows[1]  # the same blocks, so the same holdout and the same model
     raw = comp.read_bytes()
     trunc = write(tmp / ("t.svm" + suffix), raw[: len(raw) * 2 // 3])
     with pytest.raises(IngestError, match="truncated or corrupt"):

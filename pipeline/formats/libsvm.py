@@ -493,22 +493,24 @@ def parse_libsvm(buf, one_based, width, skip_invalid, label_lo, label_hi, use_pa
 
 
 def line_chunks(f, size: int):
-    """Yield consecutive pieces of a binary stream of about ``size`` bytes that each hold whole lines
-    (the last may lack its final newline): the framing for parsing a stream chunk by chunk."""
-    carry = b""
+    """Yield consecutive pieces of a binary stream that each hold whole lines (the last may lack its final
+    newline): the framing for parsing a stream chunk by chunk. A piece holds the lines whose first byte lies in
+    [k·size, (k+1)·size) of the stream, the rule the byte ranges of an uncompressed file follow
+    (``pipeline.ingest.read_owned_lines``), so a compressed copy of a file is cut into the same blocks."""
+    buf, base, bound = b"", 0, size  # base: the stream offset of buf[0]; cut after the line holding byte bound-1
     while True:
+        nl = buf.find(b"\n", bound - 1 - base) if base + len(buf) >= bound else -1
+        if nl >= 0:
+            yield buf[: nl + 1]
+            base, buf = base + nl + 1, buf[nl + 1:]
+            bound = (base // size + 1) * size
+            continue
         piece = f.read(size)
         if not piece:
-            if carry:
-                yield carry
+            if buf:
+                yield buf
             return
-        buf = carry + piece
-        nl = buf.rfind(b"\n")
-        if nl < 0:
-            carry = buf
-            continue
-        yield buf[: nl + 1]
-        carry = buf[nl + 1:]
+        buf += piece
 
 
 @dataclass
