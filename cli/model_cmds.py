@@ -278,6 +278,12 @@ def evaluate(
     except user_errors() as e:
         fail(str(e))
     res["model"] = str(model)
+    from pipeline.store.reader import open_store
+
+    kinds = (m.meta.get("label_kind"), open_store(str(store)).label_kind)
+    if None not in kinds and kinds[0] != kinds[1]:
+        typer.echo(f"note: {model} was trained on {kinds[0]} labels and {store}'s are {kinds[1]}: these are "
+                   f"{kinds[1]} metrics of a {kinds[0]} model", err=True)
     if res.get("nnz_beyond_store"):
         typer.echo(f"note: {model} is {m.n_features:,} features wide and {store} {res['n_features_store']:,}: its "
                    f"{res['nnz_beyond_store']:,} non-zeros past the store's width score nothing here", err=True)

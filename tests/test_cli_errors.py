@@ -402,6 +402,19 @@ def test_evaluate_notes_a_model_wider_than_the_store(base, tmp_path):
     assert "nnz_beyond_store" not in json.loads(r.stdout) and "note:" not in r.stderr
 
 
+def test_evaluate_notes_a_model_of_the_other_label_kind(base, tmp_path):
+    """A regression model evaluated on a binary store gets classification metrics: evaluate says so."""
+    rows = [f"{0.5 * k - 3:g} 1:{k % 7 + 1} 2:{k % 3 + 1}" for k in range(300)]
+    (tmp_path / "r.svm").write_text("\n".join(rows) + "\n")
+    assert cli("ingest", tmp_path / "r.svm", "--out", tmp_path / "r.zarr", "--block-mb", "0.001").returncode == 0
+    r = cli("train", tmp_path / "r.zarr", "--algo", "tg", "--loss", "squared", "--passes", "1", "--out",
+            tmp_path / "r.npz")
+    assert r.returncode == 0, r.stderr
+    r = cli("evaluate", tmp_path / "r.npz", base / "st.zarr")
+    assert r.returncode == 0 and "note: " in r.stderr, r.stderr
+    assert "was trained on regression labels" in r.stderr and "are binary" in r.stderr
+
+
 @pytest.mark.parametrize("sig, code, word", [(signal.SIGINT, 130, "interrupted"),
                                              (signal.SIGTERM, 143, "terminated (SIGTERM)")])
 def test_ctrl_c_and_sigterm_stop_a_cluster_run_with_one_line(base, tmp_path, sig, code, word):
