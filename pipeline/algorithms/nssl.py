@@ -30,7 +30,7 @@ class NSSLParams:
     tau: float = 0.01               # τ, paper grid {0.001, 0.01, 0.1}
     lam: float = 1e-3               # λ, paper grid {1e-4, 5e-4, 1e-3, 1e-2, 1e-1}
     shrink: str = "lambda"          # "lambda" (paper, E-3) | "eta_lambda"
-    density_bound: float = 1.0      # s: stop once nnz/p ≥ s (paper 0.4; 1.0 = off)
+    density_bound: float = 0.4      # s: stop once nnz/p ≥ s (the paper's 0.4; 1.0 = off)
 
     def __post_init__(self):
         check_positive("eta", self.eta)

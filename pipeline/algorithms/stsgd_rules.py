@@ -17,8 +17,8 @@ Stage-end sequence (driver):
     idx, prob, carry = carried_selection_probability(carry, counters, delta_K)   # (ST-11)/(ST-6)
     alive, purged = stable_set(alive, prob, pi0, idx=idx)                        # (ST-7)
     purge(path_w, purged) for every path                                         # (ST-8)
-    d = alive.sum() / p ; beta = anneal_beta(beta0, gamma, d)                    # (ST-10)
-    g0 = adaptive_gravity(pooled_ratios(buffers, alive), beta)                   # (ST-9)
+    d = |Ω| / seen (d_base "seen"; |Ω| / p with "p") ; beta = anneal_beta(beta0, gamma, d)   # (ST-10)
+    g0 = adaptive_gravity(pooled_ratios(buffers, Ω_prev), beta)  # (ST-9; ratio_pool "stage"; Ω with "stable")
     K = burst_size(K0, alpha, d) if annealing bursts                             # (ST-12)
     w_bar = aggregate(path_w); stop = should_stop(...)                           # (ST-13)
 """

@@ -64,14 +64,17 @@ F_LOSS_SUM Σ ℓ(f_t, y_t) evaluated before each update (progressive training l
 
 Stage start (engine / driver): :func:`reset_stage` zeroes the three counters, the ratio fill counts
 and I_STAGE_BURSTS (the driver zeroes the counters in its ``apply``, where it copies the record anyway).
-Stages end only at burst boundaries (the kernel returns right after the burst that reaches ``max_bursts``),
-so purging (ST-8) and changing K (ST-12) between stages never meet an open burst. A stage ends with
-:func:`stsgd_end_stage` (the open burst closed, and every burst whose close was deferred; all gravity applied).
+With ``n_K`` > 0 a stage ends at a burst boundary (the kernel returns right after the burst that reaches
+``max_bursts``); with ``n_K`` = 0 (the default) it ends with the pass or its ``--stage-blocks``, inside a burst,
+and :func:`stsgd_end_stage` closes that open burst as a partial one (amount g0·updates in it, [R] in
+pipeline.algorithms.stsgd) and every burst whose close was deferred: all gravity is applied before purging
+(ST-8) or changing K (ST-12).
 
 Choices made here (documented interpretations)
 -----------------------------------------------
-* ``informative=False`` is TG's uniform truncation (ST-2) with amount g0·K, but applied to the
-  coordinates touched in the burst only (untouched non-zero weights are not shrunk, unlike dense TG).
+* Truncation modes: ``TRUNC_INFORMATIVE`` S(w_j, g0·k̃_j) on the burst's touched coordinates (ST-4, the paper);
+  ``TRUNC_TOUCHED`` TG's amount g0·K on the touched coordinates only (untouched weights are not shrunk, unlike
+  dense TG); ``TRUNC_UNIFORM`` (the default) every alive coordinate loses g0 per update, lazily (TG's rule).
   For a partial burst closed with :func:`stsgd_close_burst` the amount is g0·(updates in burst).
 * Every row drawn is one update (t and the burst position advance even for a row with no alive
   feature). With ``count_violations_only`` (R hinge code) rows whose ℓ' is 0 are not counted in k̃
