@@ -338,3 +338,23 @@ def test_kernel_without_sumsq_same_iterates():
     ref = np.zeros(30)  # Σ x_j² in row order (NumPy reference of the kept sumsq)
     np.add.at(ref, indices[:indptr[-1]], data[:indptr[-1]] ** 2)
     assert kept.tobytes() == ref.tobytes()
+
+
+def test_the_practical_defaults_resolve_from_the_store_and_equal_the_same_values_given(store):
+    """ALGORITHMS.md §3 practical defaults [R]: T1 = ⌊T/(2^n_ep − 1)⌋ (T = the training rows, or budget) and
+    η1 = 1/(2R√T1), R² = the store's mean squared row norm; the model records them, and giving them explicitly
+    trains the same model bit for bit."""
+    import math
+
+    from pipeline.store.reader import open_store
+    from pipeline.store.stats import data_scale
+
+    scale = data_scale(open_store(store))
+    m = fit(store, "two-stage", {"l1_radius": 30.0}, passes=2, paths=1, seed=2, client=None)
+    T1 = scale["rows"] // 63
+    eta1 = 1 / (2 * math.sqrt(scale["mean_sq_norm"]) * math.sqrt(T1))
+    assert m.meta["hyper"]["resolved"] == {"T1": T1, "eta1": eta1} and T1 > 1
+    same = fit(store, "two-stage", {"l1_radius": 30.0, "T1": T1, "eta1": eta1}, passes=2, paths=1, seed=2, client=None)
+    assert same_model(m, same) and "resolved" not in same.meta["hyper"]
+    b = fit(store, "two-stage", {"l1_radius": 30.0, "budget": 700, "n_ep": 3}, passes=2, paths=1, seed=2, client=None)
+    assert b.meta["hyper"]["resolved"]["T1"] == 100

@@ -60,8 +60,11 @@ class TwoStageParams:
     l1_radius: float = 10.0         # B (inf: no L1 constraint)
     loss: str = "squared"           # the paper's setting; logistic | hinge also accepted
     stage1: str = "epoch-gd"        # epoch-gd | averaged-sgd (the §3 baseline)
-    eta1: float = 0.1
-    T1: int = 1000                  # steps per path in the first epoch
+    eta1: float = 0.0               # η1; 0: the practical default [R] 1/(2R√T1), R² = the store's mean squared
+                                    # row norm (its statistics keep no per-row maximum; equal on normalised rows)
+    T1: int = 0                     # steps per path in the first epoch; 0: the practical default [R]
+                                    # ⌊T/(2^n_ep − 1)⌋, T = budget, else the training rows (one pass)
+    n_ep: int = 6                   # epochs the practical T1 fits into T
     rho1: float = 0.0               # 0: rho1 = l1_radius
     epochs: int = 0                 # stop after this many epochs (0: as many as the passes allow)
     budget: int = 0                 # total steps per path, T of §3 (0: the passes); Epoch-GD runs the epochs
@@ -81,9 +84,12 @@ class TwoStageParams:
             raise ValueError(f"l1_radius must be > 0 (inf allowed), got {self.l1_radius!r}")
         check_choice("loss", self.loss, LOSS_CODES)
         check_choice("stage1", self.stage1, STAGE1)
-        check_positive("eta1", self.eta1)
-        if int(self.T1) < 1:
-            raise ValueError(f"T1 must be >= 1, got {self.T1!r}")
+        if not (math.isfinite(self.eta1) and self.eta1 >= 0):
+            raise ValueError(f"eta1 must be > 0 (0: 1/(2R√T1)), got {self.eta1!r}")
+        if int(self.T1) < 0:
+            raise ValueError(f"T1 must be >= 1 (0: ⌊T/(2^n_ep − 1)⌋), got {self.T1!r}")
+        if not 1 <= int(self.n_ep) <= 40:
+            raise ValueError(f"n_ep must be in 1..40, got {self.n_ep!r}")
         if math.isnan(self.rho1) or self.rho1 < 0:
             raise ValueError(f"rho1 must be >= 0 (0: l1_radius; inf allowed), got {self.rho1!r}")
         if self.budget < 0:
@@ -140,11 +146,31 @@ class TwoStage(Algorithm):
         """Those a stage changes: w, wsum (and sumsq); not c."""
         return tuple(k for k in self._dense_keys if k != "c")
 
+    def __init__(self, params):
+        super().__init__(params)
+        self.T1, self.eta1 = int(params.T1), params.eta1  # 0: resolved by calibrate (the practical defaults)
+
+    def calibrate(self, scale):
+        """The practical defaults [R] of ALGORITHMS.md §3 for a zero ``T1`` / ``eta1``: T1 = ⌊T/(2^n_ep − 1)⌋ with
+        T = budget (else the training rows), η1 = 1/(2R√T1) with R² = E‖x‖² (the store's mean squared row norm)."""
+        p = self.params
+        if not p.T1:
+            self.T1 = max(1, int(p.budget or scale["rows"]) // (2 ** int(p.n_ep) - 1))
+        if not p.eta1:
+            self.eta1 = 1.0 / (2.0 * math.sqrt(scale["mean_sq_norm"]) * math.sqrt(self.T1))
+
+    def hyper(self):
+        h = super().hyper()
+        if not (self.params.T1 and self.params.eta1):
+            h["resolved"] = {"T1": self.T1, "eta1": self.eta1}
+        return h
+
     def _schedule(self, k):
+        """(T_k, η_k, ρ_k); before calibrate (a memory estimate's path state) a zero T1 or η1 stays 1 / 0."""
         p = self.params
         if p.stage1 == "averaged-sgd":
-            return (p.budget or K.NEVER), p.eta1, math.inf
-        return epoch_schedule(k, p.T1, p.eta1, p.rho)
+            return (p.budget or K.NEVER), self.eta1, math.inf
+        return epoch_schedule(k, self.T1 or 1, self.eta1, p.rho)
 
     def _start(self, state, k, bias):
         """A new settled state starting epoch k at its centre c: w = c, wsum = 0, last = 1 (on w's support)."""
@@ -243,12 +269,15 @@ class TwoStage(Algorithm):
 
     def advance(self, state, indptr, indices, data, y, rows, start, pass_index):
         p = self.params
+        if not (self.T1 and self.eta1):
+            raise ValueError("two-stage: T1 = 0 or eta1 = 0 resolve from the store's statistics before training "
+                             "(calibrate)")
         if state["last"].dtype != np.int64 and int(state["istate"][K.IS_T]) + rows.shape[0] - start + 2 > INT32_MAX:
             state["last"] = state["last"].astype(np.int64)  # the stamps (iterate indices ≤ t + 2) would not fit
         work = np.empty(2 * state["w"].shape[0])
         consumed, done = K.epoch_gd_block(
             indptr, indices, data, y, rows[start:], state["w"], state["c"], state["wsum"], state["last"],
-            state["sumsq"], state["istate"], state["fstate"], work, p.l1_radius, STAGE1[p.stage1], p.eta1,
+            state["sumsq"], state["istate"], state["fstate"], work, p.l1_radius, STAGE1[p.stage1], self.eta1,
             LOSS_CODES[p.loss], p.hinge_at_one, p.fit_bias, p.proj_tol, 100, 1)
         return int(consumed), bool(done)
 
@@ -329,5 +358,5 @@ class TwoStage(Algorithm):
         if p.budget and done:
             if p.stage1 == "averaged-sgd":
                 return True
-            return p.T1 * (2 ** (done + 1) - 1) > p.budget  # the next epoch would not fit: Σ_{i≤k+1} T_i > T
+            return self.T1 * (2 ** (done + 1) - 1) > p.budget  # the next epoch would not fit: Σ_{i≤k+1} T_i > T
         return False
