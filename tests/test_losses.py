@@ -12,9 +12,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipeline.kernels.losses import HINGE, LOGISTIC, LOSS_CODES, SQUARED, dloss, loss
+from pipeline.kernels.losses import HINGE, LOGISTIC, LOSS_CODES, SQUARED, SQUARED_FULL, dloss, loss
 
-LOSSES = [LOGISTIC, HINGE, SQUARED]
+LOSSES = [LOGISTIC, HINGE, SQUARED, SQUARED_FULL]
 
 
 def test_codes():
@@ -93,3 +93,28 @@ def test_squared_half_convention():
     assert loss(3.0, 1.0, SQUARED) == 2.0       # ½ (3 − 1)²
     assert dloss(3.0, 1.0, SQUARED, False) == 2.0
     assert dloss(-0.5, 0.25, SQUARED, True) == -0.75
+
+
+def test_squared_half_false_is_tgs_squared_loss_twice_the_step(tmp_path):
+    """``squared_half = false``: ℓ = (f − y)², ℓ' = 2(f − y) (TG's convention, ALGORITHMS.md §0); with sgd that is
+    the ½ loss at twice the step, bit for bit (doubling is exact in floating point), and tg's gravity is not
+    doubled with it."""
+    from pipeline.ingest import IngestOptions, ingest
+    from pipeline.train import fit
+
+    assert loss(3.0, 1.0, SQUARED_FULL) == 4.0 and dloss(3.0, 1.0, SQUARED_FULL, False) == 4.0
+    rng = np.random.default_rng(0)
+    rows = [f"{rng.normal():.4f} " + " ".join(f"{j}:{rng.normal():.4f}" for j in sorted(rng.choice(40, 6, False) + 1))
+            for _ in range(400)]
+    (tmp_path / "r.svm").write_text("\n".join(rows) + "\n")
+    ingest([str(tmp_path / "r.svm")], str(tmp_path / "r.zarr"), IngestOptions(block_mb=0.005, labels="regression"),
+           client=None)
+    run = dict(passes=2, paths=1, seed=0, client=None, evaluate=False)
+    full = fit(str(tmp_path / "r.zarr"), "sgd", {"loss": "squared", "eta": 0.01, "squared_half": False}, **run)
+    half = fit(str(tmp_path / "r.zarr"), "sgd", {"loss": "squared", "eta": 0.02}, **run)
+    assert np.array_equal(full.dense_weights(), half.dense_weights()) and full.bias == half.bias
+    tg = {"loss": "squared", "gravity": 1e-2, "scale": "none", "bias_adagrad": False}
+    a = fit(str(tmp_path / "r.zarr"), "tg", {**tg, "eta": 0.01, "squared_half": False}, **run)
+    b = fit(str(tmp_path / "r.zarr"), "tg", {**tg, "eta": 0.02}, **run)
+    assert not np.array_equal(a.dense_weights(), b.dense_weights())  # the truncation η·g differs
+

@@ -25,7 +25,7 @@ import numpy as np
 from pipeline.algorithms.base import (Algorithm, add_packed, check_choice, dense_of, frozen, interleave,
                                      pack_nonzero)
 from pipeline.kernels import sgd as K
-from pipeline.kernels.losses import LOSS_CODES
+from pipeline.kernels.losses import LOSS_CODES, SQUARED_FULL
 
 SCHEDULES = {"constant": K.SCHEDULE_CONSTANT, "invscaling": K.SCHEDULE_INVSCALING, "sqrt": K.SCHEDULE_INVSCALING}
 ADAGRAD_MIX = ("mean", "sum")
@@ -63,6 +63,7 @@ class TGParams:
     # features; steps of coordinates with Σg² << δ² stay ≈ eta/δ
     adagrad_delta: float = 0.01
     adagrad_mix: str = "mean"       # pass-end mixing of the accumulators across paths: mean | sum (of increments)
+    squared_half: bool = True       # squared loss ½(f − y)²; false: TG's (f − y)², gradient 2(f − y) (§0)
 
     def __post_init__(self):
         check_choice("loss", self.loss, LOSS_CODES)
@@ -73,6 +74,8 @@ class TGParams:
             raise ValueError(f"bias_adagrad must be true or false, got {self.bias_adagrad!r}")
         if not (math.isfinite(self.bias_delta) and self.bias_delta > 0):
             raise ValueError(f"bias_delta must be finite and > 0, got {self.bias_delta!r}")
+        if not isinstance(self.squared_half, bool):
+            raise ValueError(f"squared_half must be true or false, got {self.squared_half!r}")
         if not isinstance(self.adagrad, bool):
             raise ValueError(f"adagrad must be true or false, got {self.adagrad!r}")
         if not (math.isfinite(self.adagrad_delta) and self.adagrad_delta > 0):
@@ -110,6 +113,13 @@ class TruncatedGradient(Algorithm):
         if self.params.scale == "data":
             self.eta = self.params.eta / scale["mean_sq_norm"]
             self.gravity = self.params.gravity * scale["x_rms"]
+
+    @property
+    def _loss(self) -> int:
+        """The kernels' loss code: SQUARED_FULL for the squared loss without the ½ (``squared_half = false``)."""
+        if self.params.loss == "squared" and not self.params.squared_half:
+            return SQUARED_FULL
+        return LOSS_CODES[self.params.loss]
 
     @property
     def _bias_delta(self) -> float:
@@ -164,13 +174,13 @@ class TruncatedGradient(Algorithm):
             K.sgd_tg_ada_block(indptr, indices, data, y, rows[start:], w, Gl, state["n"],
                                state["istate"], state["fstate"], self.eta * p.decay ** pass_index,
                                SCHEDULES[p.schedule], power_t, p.l2, self.gravity, int(p.K), p.theta, p.adagrad_delta,
-                               LOSS_CODES[p.loss], p.hinge_at_one, p.fit_bias, stride, goff)
+                               self._loss, p.hinge_at_one, p.fit_bias, stride, goff)
             return rows.shape[0] - start, False
         if self._bias_delta and state["fstate"].shape[0] < 4:  # a state saved without the bias accumulator
             state["fstate"] = np.append(state["fstate"][:3], 0.0)
         K.sgd_tg_block(indptr, indices, data, y, rows[start:], w, Gl, state["istate"],
                        state["fstate"], self.eta * p.decay ** pass_index, SCHEDULES[p.schedule], power_t, p.l2,
-                       self.gravity, int(p.K), p.theta, LOSS_CODES[p.loss], p.hinge_at_one, p.fit_bias,
+                       self.gravity, int(p.K), p.theta, self._loss, p.hinge_at_one, p.fit_bias,
                        self._bias_delta, stride, goff)
         return rows.shape[0] - start, False
 
