@@ -25,11 +25,13 @@ import numpy as np
 from pipeline.algorithms.base import (Algorithm, add_packed, check_choice, dense_of, frozen, interleave,
                                      pack_nonzero)
 from pipeline.kernels import sgd as K
+from pipeline.kernels import tg_baselines as B
 from pipeline.kernels.losses import LOSS_CODES, SQUARED_FULL
 
 SCHEDULES = {"constant": K.SCHEDULE_CONSTANT, "invscaling": K.SCHEDULE_INVSCALING, "sqrt": K.SCHEDULE_INVSCALING}
 ADAGRAD_MIX = ("mean", "sum")
 ADAGRAD_KEYS = ("adagrad", "adagrad_delta", "adagrad_mix")
+RULES = {"tg": 0, "rounding": B.ROUNDING, "subgradient": B.SUBGRADIENT}
 
 
 @dataclass(frozen=True)
@@ -64,6 +66,10 @@ class TGParams:
     adagrad_delta: float = 0.01
     adagrad_mix: str = "mean"       # pass-end mixing of the accumulators across paths: mean | sum (of increments)
     squared_half: bool = True       # squared loss ½(f − y)²; false: TG's (f − y)², gradient 2(f − y) (§0)
+    rule: str = "tg"                # tg (TG-2) | rounding: T0(w, θ) every K steps (TG-3) | subgradient: the
+                                    # naive L1 step −η·g·sign(w) on every coordinate (TG-4); the baselines'
+                                    # model (the paths' mix) is rounded by T0(·, θ); they need a finite θ, no
+                                    # l2, no adagrad
 
     def __post_init__(self):
         check_choice("loss", self.loss, LOSS_CODES)
@@ -74,6 +80,13 @@ class TGParams:
             raise ValueError(f"bias_adagrad must be true or false, got {self.bias_adagrad!r}")
         if not (math.isfinite(self.bias_delta) and self.bias_delta > 0):
             raise ValueError(f"bias_delta must be finite and > 0, got {self.bias_delta!r}")
+        check_choice("rule", self.rule, RULES)
+        if self.rule != "tg":
+            if not (math.isfinite(self.theta) and self.theta > 0):
+                raise ValueError(f"rule {self.rule} rounds with T0(w, theta): give a finite theta > 0, got "
+                                 f"{self.theta!r}")
+            if self.l2 or self.adagrad:
+                raise ValueError(f"rule {self.rule} (a TG baseline) takes no l2 and no adagrad")
         if not isinstance(self.squared_half, bool):
             raise ValueError(f"squared_half must be true or false, got {self.squared_half!r}")
         if not isinstance(self.adagrad, bool):
@@ -85,6 +98,12 @@ class TGParams:
         power_t = 0.5 if self.schedule == "sqrt" else self.power_t
         K.check_tg_params(self.l2, self.theta, self.gravity, self.K, eta=self.eta,
                           schedule=SCHEDULES[self.schedule], power_t=power_t)
+
+
+    def inert(self) -> dict:
+        """The rounding baseline (TG-3) reads no gravity, the subgradient one (TG-4) no K."""
+        return {"rounding": {"gravity": "rule rounding (TG-3) rounds with theta and has no gravity"},
+                "subgradient": {"K": "rule subgradient (TG-4) takes its gravity step at every row"}}.get(self.rule, {})
 
 
 @dataclass(frozen=True)
@@ -156,8 +175,12 @@ class TruncatedGradient(Algorithm):
 
     def working_state(self, state):
         """The stage's weights and applied gravity interleaved in one array ``wg`` (w_j at 2j, Gl_j at 2j + 1): the
-        kernel then touches one cache line per coordinate instead of two (``sgd_tg_block``'s ``stride``)."""
-        state["wg"] = interleave(state.pop("w"), state.pop("Gl"))
+        kernel then touches one cache line per coordinate instead of two (``sgd_tg_block``'s ``stride``). The
+        baselines' kernel (``rule`` rounding or subgradient) takes the two arrays."""
+        if self.params.rule == "tg":
+            state["wg"] = interleave(state.pop("w"), state.pop("Gl"))
+        else:
+            state["w"], state["Gl"] = state["w"].copy(), state["Gl"].copy()
         return state
 
     def _layout(self, state):
@@ -178,6 +201,12 @@ class TruncatedGradient(Algorithm):
             return rows.shape[0] - start, False
         if self._bias_delta and state["fstate"].shape[0] < 4:  # a state saved without the bias accumulator
             state["fstate"] = np.append(state["fstate"][:3], 0.0)
+        if p.rule != "tg":
+            B.tg_baseline_block(indptr, indices, data, y, rows[start:], w, Gl, state["istate"], state["fstate"],
+                                self.eta * p.decay ** pass_index, SCHEDULES[p.schedule], power_t, self.gravity,
+                                int(p.K), p.theta, RULES[p.rule], self._loss, p.hinge_at_one, p.fit_bias,
+                                self._bias_delta)
+            return rows.shape[0] - start, False
         K.sgd_tg_block(indptr, indices, data, y, rows[start:], w, Gl, state["istate"],
                        state["fstate"], self.eta * p.decay ** pass_index, SCHEDULES[p.schedule], power_t, p.l2,
                        self.gravity, int(p.K), p.theta, self._loss, p.hinge_at_one, p.fit_bias,
@@ -188,7 +217,10 @@ class TruncatedGradient(Algorithm):
         """Flush the lazy truncation; an interleaved working array goes back to ``w`` and ``Gl`` (all zero after the
         flush), both read-only: the next stage's task shares them instead of copying (it interleaves anyway)."""
         w, Gl, stride, goff = self._layout(state)
-        if self.params.adagrad:
+        if self.params.rule != "tg":
+            if self.params.rule == "rounding":
+                B.rounding_flush(w, Gl, state["fstate"], self.params.theta)
+        elif self.params.adagrad:
             K.tg_ada_flush(w, Gl, state["n"], state["fstate"], self.params.theta, self.params.adagrad_delta,
                            stride, goff)
         else:
@@ -241,13 +273,20 @@ class TruncatedGradient(Algorithm):
             decision["nb"] = total["nb"] / n_paths if n_paths > 1 else total["nb"]
         return decision, gstate, {"nnz": nnz, "density": nnz / max(1, width)}
 
+    def _mixed(self, decision):
+        return dense_of(decision["w_idx"], decision["w"], int(decision["width"][0]))
+
     def weights(self, decision):
-        return dense_of(decision["w_idx"], decision["w"], int(decision["width"][0])), float(decision["bias"][0])
+        """The model; the baselines' (TG-3, TG-4) rounded by T0(·, θ) after the paths' mix (their iterates are not)."""
+        w = self._mixed(decision)
+        if self.params.rule != "tg":
+            w = np.where(np.abs(w) <= self.params.theta, 0.0, w)
+        return w, float(decision["bias"][0])
 
     def apply(self, state, decision):
         # after the flush Gl == 0 and G == 0 on every path; a dense w is shared (advance copies before mutating)
         fstate = [0.0, 1.0, float(decision["bias"][0])] + ([float(decision["nb"][0])] if "nb" in decision else [])
-        out = {**state, "w": frozen(self.weights(decision)[0]), "fstate": np.array(fstate)}
+        out = {**state, "w": frozen(self._mixed(decision)), "fstate": np.array(fstate)}
         if self.params.adagrad:
             out["n"] = decision["n"]
         return out
