@@ -209,3 +209,76 @@ def test_options_are_validated():
                       ({"gamma": 1.0}, "unknown option")]:
         with pytest.raises(ValueError, match=word):
             make_algorithm("ftrl", bad)
+
+
+M64 = (1 << 64) - 1
+
+
+def uniform_ref(a, b, c):
+    """splitmix64's finaliser of a·φ ^ b·C1 ^ c·C2 (Python integers), the reference of ``K.uniform_hash``."""
+    x = ((a * 0x9E3779B97F4A7C15) ^ (b * 0xBF58476D1CE4E5B9) ^ (c * 0x94D049BB133111EB)) & M64
+    x ^= x >> 30
+    x = (x * 0xBF58476D1CE4E5B9) & M64
+    x ^= x >> 27
+    x = (x * 0x94D049BB133111EB) & M64
+    x ^= x >> 31
+    return (x >> 11) / 2.0 ** 53
+
+
+def test_poisson_inclusion_equals_its_dense_reference_and_keeps_features_out():
+    """inclusion_p (the paper's §4.2): a coordinate with z = n = 0 takes a row's update only when its draw
+    uniform(salt, t, j) < p; the kernel equals Algorithm 1 with that gate, and fewer coordinates enter."""
+    X, y = random_csr(n=80, d=60, density=0.2, seed=5)
+    rows = np.random.default_rng(2).permutation(np.tile(np.arange(80), 2)).astype(np.int64)
+    alpha, beta, l1, l2, p, salt = 0.7, 1.0, 0.1, 0.2, 0.3, 11
+    assert all(math.isclose(float(K.uniform_hash(salt, t, j)), uniform_ref(salt, t, j), rel_tol=0, abs_tol=0)
+               for t in (1, 7, 99) for j in (0, 5, 59))
+    z, n, ist, fst = K.new_ftrl_state(60)
+    K.ftrl_block(X.indptr.astype(np.int64), X.indices, X.data, y, rows, z, n, ist, fst, alpha, beta, l1, l2,
+                 LOSS_CODES["logistic"], False, True, 1, 0, p, salt)
+    D = X.toarray()
+    zr, nr, zb, nb = np.zeros(60), np.zeros(60), 0.0, 0.0
+    for t, i in enumerate(rows, start=1):
+        w = np.where(np.abs(zr) <= l1, 0.0, -(zr - np.sign(zr) * l1) / ((beta + np.sqrt(nr)) / alpha + l2))
+        b = -zb / ((beta + math.sqrt(nb)) / alpha)
+        f = float(w @ D[i]) + b
+        d = 1.0 / (1.0 + math.exp(-f)) - (y[i] + 1) / 2
+        for j in X.indices[X.indptr[i]:X.indptr[i + 1]]:
+            if nr[j] == 0.0 and zr[j] == 0.0 and uniform_ref(salt, t, int(j)) >= p:
+                continue
+            g = d * D[i, j]
+            sig = (math.sqrt(nr[j] + g * g) - math.sqrt(nr[j])) / alpha
+            zr[j], nr[j] = zr[j] + g - sig * w[j], nr[j] + g * g
+        sig = (math.sqrt(nb + d * d) - math.sqrt(nb)) / alpha
+        zb, nb = zb + d - sig * b, nb + d * d
+    np.testing.assert_allclose(z, zr, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(n, nr, rtol=1e-12, atol=1e-12)
+    gated, full = K.new_ftrl_state(60), K.new_ftrl_state(60)
+    for state, q in ((gated, p), (full, 1.0)):  # over the first 20 rows, fewer coordinates enter the model
+        K.ftrl_block(X.indptr.astype(np.int64), X.indices, X.data, y, rows[:20], *state, alpha, beta, l1, l2,
+                     LOSS_CODES["logistic"], False, True, 1, 0, q, salt)
+    assert 0 < np.count_nonzero(gated[1]) < np.count_nonzero(full[1])
+
+
+def test_rounding_for_memory_is_an_unbiased_grid_and_the_options_resume_on_any_executor(store, client, tmp_path):
+    """round_bits (the paper's §4.3): the model's weights on the 2^-bits grid, within one step of the exact ones
+    and unbiased over draws; with both options a run is the same on threads and on 1 or 2 workers, and 2 + 3
+    passes equal 5."""
+    w = np.random.default_rng(0).normal(size=20000) * 0.01
+    out = np.empty_like(w)
+    K.round_to_grid(w, 6, 3, out)
+    step = 2.0 ** -6
+    assert np.all(np.abs(out - w) < step) and np.all(out * 64 == np.round(out * 64))
+    assert abs(float(np.mean(out - w))) < 4 * step / math.sqrt(w.size)  # unbiased: E[out] = w
+    opts = {**OPTS, "inclusion_p": 0.5, "round_bits": 10, "draw_seed": 4}
+    exact = fit(store, "ftrl", {**OPTS, "inclusion_p": 0.5, "draw_seed": 4}, passes=2, paths=2, seed=3, client=None)
+    a = fit(store, "ftrl", opts, passes=2, paths=2, seed=3, client=None)
+    b = fit(store, "ftrl", opts, passes=2, paths=2, seed=3, client=client)
+    wa, we = a.dense_weights(), exact.dense_weights()
+    np.testing.assert_array_equal(wa, b.dense_weights())
+    assert np.all(wa * 1024 == np.round(wa * 1024)) and np.all(np.abs(wa - we) < 2.0 ** -10)
+    full = fit(store, "ftrl", opts, passes=5, paths=2, seed=3, client=client)
+    a.save(tmp_path / "m.npz")
+    back = fit(store, "ftrl", opts, passes=3, paths=2, seed=3, client=client, init_model=load_model(tmp_path / "m.npz"))
+    assert back.meta["provenance"]["resumed"]
+    np.testing.assert_array_equal(back.dense_weights(), full.dense_weights())

@@ -46,8 +46,19 @@ class FTRLParams:
     fit_bias: bool = True
     mix: str = "zn"                 # zn: average z and n across paths | w: average the weights, re-derive z
     hinge_at_one: bool = False
+    inclusion_p: float = 1.0        # Poisson inclusion (the paper's §4.2): a feature not yet in the model takes
+                                    # a row's update with this probability (1: always)
+    round_bits: int = 0             # the paper's rounding for memory (§4.3): the model's weights to multiples of
+                                    # 2^-round_bits, rounded up or down at random, unbiased (0: off; 13 = q2.13)
+    draw_seed: int = 0              # seed of the inclusion and rounding draws
 
     def __post_init__(self):
+        if not 0.0 < self.inclusion_p <= 1.0:
+            raise ValueError(f"inclusion_p must be in (0, 1], got {self.inclusion_p!r}")
+        if isinstance(self.draw_seed, bool) or not isinstance(self.draw_seed, int) or self.draw_seed < 0:
+            raise ValueError(f"draw_seed must be an integer >= 0, got {self.draw_seed!r}")
+        if isinstance(self.round_bits, bool) or not (isinstance(self.round_bits, int) and 0 <= self.round_bits <= 52):
+            raise ValueError(f"round_bits must be an integer in 0..52, got {self.round_bits!r}")
         check_choice("loss", self.loss, LOSS_CODES)
         check_choice("mix", self.mix, MIXES)
         check_positive("alpha", self.alpha)
@@ -94,7 +105,7 @@ class FTRL(Algorithm):
         p = self.params
         z, n, S, O = (state["zn"], state["zn"], 2, 1) if "zn" in state else (state["z"], state["n"], 1, 0)
         K.ftrl_block(indptr, indices, data, y, rows[start:], z, n, state["istate"], state["fstate"], p.alpha, p.beta,
-                     p.l1, p.l2, LOSS_CODES[p.loss], p.hinge_at_one, p.fit_bias, S, O)
+                     p.l1, p.l2, LOSS_CODES[p.loss], p.hinge_at_one, p.fit_bias, S, O, p.inclusion_p, p.draw_seed)
         return rows.shape[0] - start, False
 
     def end_stage(self, state):
@@ -143,8 +154,16 @@ class FTRL(Algorithm):
         return {**state, "z": z, "fstate": fstate}
 
     def weights(self, decision):
+        """The model: the closed form of the mixed (z, n) (or the mixed weights), rounded to the 2^-round_bits grid
+        when asked (the paths keep the exact state)."""
         if self.params.mix == "w":
-            return decision["w"], float(decision["bias"][0])
-        w = np.empty_like(decision["z"])
-        K.ftrl_weights(decision["z"], decision["n"], *self._args(), w)
-        return w, self._bias(decision["fstate"])
+            w, bias = decision["w"], float(decision["bias"][0])
+        else:
+            w = np.empty_like(decision["z"])
+            K.ftrl_weights(decision["z"], decision["n"], *self._args(), w)
+            bias = self._bias(decision["fstate"])
+        if self.params.round_bits:
+            out = np.empty_like(w)
+            K.round_to_grid(w, self.params.round_bits, self.params.draw_seed, out)
+            w = out
+        return w, bias

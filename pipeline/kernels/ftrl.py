@@ -76,9 +76,33 @@ def ftrl_z_for(w, n, z_own, alpha, beta, l1, l2):
     return -w * ((beta + math.sqrt(n)) / alpha + l2) - s
 
 
+@numba.njit(cache=True, nogil=True, inline="always")
+def uniform_hash(a, b, c):
+    """A uniform number in [0, 1) from three integers (splitmix64's finaliser of a mix of them): the same draw on
+    every executor and worker count, nothing carried in a generator's state."""
+    x = (np.uint64(a) * np.uint64(0x9E3779B97F4A7C15)) ^ (np.uint64(b) * np.uint64(0xBF58476D1CE4E5B9)) \
+        ^ (np.uint64(c) * np.uint64(0x94D049BB133111EB))
+    x ^= x >> np.uint64(30)
+    x *= np.uint64(0xBF58476D1CE4E5B9)
+    x ^= x >> np.uint64(27)
+    x *= np.uint64(0x94D049BB133111EB)
+    x ^= x >> np.uint64(31)
+    return float(x >> np.uint64(11)) * (1.0 / 9007199254740992.0)
+
+
+@numba.njit(cache=True, nogil=True)
+def round_to_grid(w, bits, salt, out):
+    """McMahan et al.'s rounding for memory (§4.3): each w_j to a multiple of 2^-bits, up or down at random so
+    that E[out_j] = w_j (the draw ``uniform_hash(salt, 0, j)``); a zero stays zero."""
+    scale = 2.0 ** bits
+    for j in range(w.shape[0]):
+        v = w[j]
+        out[j] = 0.0 if v == 0.0 else math.floor(v * scale + uniform_hash(salt, 0, j)) / scale
+
+
 @numba.njit(cache=True, nogil=True)
 def ftrl_block(indptr, indices, data, y, rows, z, n, istate, fstate, alpha, beta, l1, l2, loss, hinge_at_one,
-               fit_bias, S=1, O=0):
+               fit_bias, S=1, O=0, inclusion_p=1.0, salt=0):
     """Advance FTRL-Proximal (Algorithm 1 of McMahan et al. 2013, see the module docstring) over the rows
     ``rows`` of one CSR block; cost O(Σ nnz(row)).
 
@@ -87,7 +111,9 @@ def ftrl_block(indptr, indices, data, y, rows, z, n, istate, fstate, alpha, beta
     ``z``, ``n`` (float64[p]), ``istate`` = [t] (int64[1]), ``fstate`` = [z_b, n_b] (float64[2]); scalars
     ``alpha`` > 0, ``beta`` >= 0, ``l1``, ``l2`` >= 0, ``loss`` (losses code), ``hinge_at_one``, ``fit_bias``.
     Coordinate j's z is z[S·j] and its n is n[S·j + O] (S = 1, O = 0: two arrays; S = 2, O = 1: one interleaved
-    array passed as both). Feature indices must be < p and unique within a row. A scratch buffer of the longest
+    array passed as both). ``inclusion_p`` < 1: McMahan et al.'s Poisson inclusion (§4.2), a coordinate not yet in
+    the model (z_j = n_j = 0) takes a row's update only with probability ``inclusion_p`` (the draw
+    ``uniform_hash(salt, t, j)``). Feature indices must be < p and unique within a row. A scratch buffer of the longest
     row's length (allocated once, before the row loop) keeps each row's weights between the score and the update.
     The score sweep prefetches the coordinate PREFETCH_DISTANCE entries ahead (a hint: the same arithmetic). Both
     sweeps read and write through raw pointers (``base``: no negative-index wraparound at each access): 35k webspam-like
@@ -134,6 +160,8 @@ def ftrl_block(indptr, indices, data, y, rows, z, n, istate, fstate, alpha, beta
             j = ip[k]
             g = d * vp[k]
             ni = npt[S * j + O]
+            if inclusion_p < 1.0 and ni == 0.0 and zp[S * j] == 0.0 and uniform_hash(salt, t, j) >= inclusion_p:
+                continue  # not in the model yet, and not let in by this row
             nn = ni + g * g
             sigma = (math.sqrt(nn) - math.sqrt(ni)) / alpha
             zp[S * j] = zp[S * j] + g - sigma * wp[k - lo]
