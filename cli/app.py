@@ -90,16 +90,23 @@ def _terminate_as_interrupt():
         interrupt.RECEIVED.append(signum)
         raise KeyboardInterrupt()
 
+    def unraisable(u):  # our KeyboardInterrupt raised inside a finaliser (a Dask Future's __del__): Python prints
+        # "Exception ignored in ..." with a traceback; the signal is recorded and re-raised by interrupt.check
+        if not (isinstance(u.exc_value, KeyboardInterrupt) and interrupt.RECEIVED):
+            old_hook(u)
+
     interrupt.RECEIVED.clear()
     _TERMINATED.clear()
     old_term, old_int = signal.signal(signal.SIGTERM, on_term), signal.getsignal(signal.SIGINT)
     if old_int is signal.default_int_handler:  # not when the command was started with SIGINT ignored
         signal.signal(signal.SIGINT, on_int)
+    old_hook, sys.unraisablehook = sys.unraisablehook, unraisable
     try:
         yield
     finally:
         signal.signal(signal.SIGTERM, old_term)
         signal.signal(signal.SIGINT, old_int)
+        sys.unraisablehook = old_hook
         interrupt.RECEIVED.clear()  # library calls later in this process start afresh
 
 

@@ -153,7 +153,7 @@ def dask_client(workers: int | None = None, scheduler: str | None = None, client
             try:
                 yield c
             except Exception as e:
-                if c.status == "running" and "connection-lost" not in str(e):
+                if c.status == "running" and "connection-lost" not in str(e) and _answers(c.scheduler.address):
                     raise
                 raise OSError(f"{scheduler}: lost the Dask scheduler mid-run ({type(e).__name__}); nothing was "
                               f"written; check the cluster and run again") from None
@@ -164,19 +164,39 @@ def dask_client(workers: int | None = None, scheduler: str | None = None, client
         yield c
 
 
+def _answers(address: str, timeout: float = 2.0) -> bool:
+    """Whether a TCP scheduler ``address`` still accepts a connection (other protocols: assumed so)."""
+    import socket
+
+    from distributed.comm import parse_address, parse_host_port
+
+    proto, loc = parse_address(address)
+    if proto != "tcp":
+        return True
+    try:
+        socket.create_connection(parse_host_port(loc), timeout=timeout).close()
+    except OSError:
+        return False
+    return True
+
+
 @contextlib.contextmanager
 def _client_errors_quiet():
-    """While joined to a ``--scheduler``: the client's own ERROR log records (a lost scheduler logs a traceback of
-    tens of lines before the run's exception) are not printed; the run's one-line error says what happened.
-    ``SPARSEPIPE_DEBUG=1`` keeps them."""
-    log = logging.getLogger("distributed.client")
-    old = log.level
-    if os.environ.get("SPARSEPIPE_DEBUG", "").strip().lower() in ("", "0", "false", "no", "off"):
-        log.setLevel(logging.CRITICAL)
+    """While joined to a ``--scheduler``: Dask's own log records (a lost scheduler logs tracebacks of tens of lines,
+    from the client and its batched sends, before the run's exception) are not printed; the run's one-line error
+    says what happened. ``SPARSEPIPE_DEBUG=1`` keeps them."""
+    if os.environ.get("SPARSEPIPE_DEBUG", "").strip().lower() not in ("", "0", "false", "no", "off"):
+        yield
+        return
+    names = ["distributed"] + [n for n in logging.root.manager.loggerDict if n.startswith("distributed.")]
+    old = {n: logging.getLogger(n).level for n in names}
+    for n in names:
+        logging.getLogger(n).setLevel(logging.CRITICAL)
     try:
         yield
     finally:
-        log.setLevel(old)
+        for n, level in old.items():
+            logging.getLogger(n).setLevel(level)
 
 
 NO_PAUSE = {"distributed": {"worker": {"memory": {"pause": False}}}}

@@ -56,8 +56,8 @@ class _DenseExchange(TruncatedGradient):
                                             "width": np.array([total["w"].shape[0]])}, gstate, n_paths)
         return {k: v for k, v in dec.items() if k not in ("w_idx", "width")}, gstate, diag
 
-    def weights(self, decision):
-        return decision["w"], float(decision["bias"][0])
+    def _mixed(self, decision):  # the dense mixed weights (TG's weights and apply read them through this)
+        return decision["w"]
 
 
 @pytest.mark.parametrize("opts", [{"gravity": 3e-3}, {"gravity": 1e-3, "adagrad": True}, {}])

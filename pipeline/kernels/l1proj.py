@@ -12,6 +12,7 @@ import numpy as np
 
 from .losses import dloss
 from .projection import _STACK, l1tree_axpy_project_stk, l1tree_dot, project_l1_sort
+from .sgd import step_size
 
 
 @numba.njit(cache=True, nogil=True)
@@ -26,7 +27,7 @@ def l1proj_block(indptr, indices, data, y, rows, fnode, inode, sgn, fsc, isc, is
         lo = indptr[i]
         hi = indptr[i + 1]
         t += 1
-        e = eta / (float(t) ** power_t) if schedule == 1 else eta
+        e = step_size(eta, schedule, power_t, t)
         idx = indices[lo:hi]
         val = data[lo:hi]
         f = l1tree_dot(fnode, inode, sgn, fsc, isc, idx, val) + b

@@ -67,6 +67,12 @@ SCHEDULE_CONSTANT = 0
 SCHEDULE_INVSCALING = 1
 SCHEDULE_CODES = {"constant": SCHEDULE_CONSTANT, "invscaling": SCHEDULE_INVSCALING}
 
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def step_size(eta, schedule, power_t, t):
+    """η_t: ``eta`` (SCHEDULE_CONSTANT) or eta / t**power_t (SCHEDULE_INVSCALING), t counting from 1."""
+    return eta / (float(t) ** power_t) if schedule == SCHEDULE_INVSCALING else eta
+
 FOLD_THRESHOLD = 1e-9
 """Fold wscale back into w (O(p)) as soon as it drops below this value."""
 
@@ -218,10 +224,7 @@ def _tg_rows(indptr, indices, data, y, rows, w, Gl, n, istate, fstate, eta, sche
         lo = indptr[i]
         hi = indptr[i + 1]
         t += 1
-        if schedule == 1:
-            e = eta / (float(t) ** power_t)
-        else:
-            e = eta
+        e = step_size(eta, schedule, power_t, t)
         th = theta / s
         trunc = do_trunc and t % K == 0  # (TG-2) at this step
         # catch up to step t-1 (pending lazy truncation, C-2; AdaGrad: with the OLD n_j) and score; each coordinate

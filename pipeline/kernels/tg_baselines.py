@@ -18,6 +18,7 @@ import math
 import numba
 
 from .losses import dloss
+from .sgd import step_size
 
 ROUNDING = 1
 SUBGRADIENT = 2
@@ -37,7 +38,7 @@ def tg_baseline_block(indptr, indices, data, y, rows, w, Gl, istate, fstate, eta
         lo = indptr[i]
         hi = indptr[i + 1]
         t += 1
-        e = eta / (float(t) ** power_t) if schedule == 1 else eta
+        e = step_size(eta, schedule, power_t, t)
         acc = 0.0
         for k in range(lo, hi):
             j = indices[k]
