@@ -31,9 +31,9 @@ def vw_train(vw_file: Path, workdir: Path, passes: int, l1: float, b: int = 24, 
     readable = workdir / f"vw_l1_{l1:g}.txt"
     base = f"--quiet --loss_function {loss} -b {b} --holdout_off --l1 {l1:g}" + (f" -l {lr:g}" if lr else "")
     if not cache.exists():
-        vowpalwabbit.Workspace(f"-d {vw_file} -c --cache_file {cache} --passes 1 {base} --noop").finish()
+        vowpalwabbit.Workspace(f"-d {vw_file} --cache_file {cache} --passes 1 {base} --noop").finish()
     t0, c0 = time.perf_counter(), time.process_time()
-    ws = vowpalwabbit.Workspace(f"-d {vw_file} -c --cache_file {cache} --passes {passes} {base} -f {model} "
+    ws = vowpalwabbit.Workspace(f"-d {vw_file} --cache_file {cache} --passes {passes} {base} -f {model} "
                                 f"--readable_model {readable}")
     ws.finish()
     secs, cpu = time.perf_counter() - t0, time.process_time() - c0

@@ -272,11 +272,11 @@ def vw_runs(st, src: Path, work: Path, l1: float, nnz: int) -> dict:
     cache = work / "vw.cache"
     base = f"--loss_function logistic -b 24 --holdout_off --l1 {l1:g}"
     l0 = load1()
-    text_s = vw_run(f"-c --cache_file {cache} --passes 1 {base} --noop", (src, st.entries("train")))
+    text_s = vw_run(f"--cache_file {cache} --passes 1 {base} --noop", (src, st.entries("train")))
     runs = {}
     for passes in (1, 3):
         t0, c0 = time.perf_counter(), time.process_time()
-        vw_run(f"-c --cache_file {cache} --passes {passes} {base}")
+        vw_run(f"--cache_file {cache} --passes {passes} {base}")
         runs[passes] = {"wall_s": round(time.perf_counter() - t0, 2), "cpu_s": round(time.process_time() - c0, 2),
                         "load1": load1()}
     cache.unlink(missing_ok=True)
