@@ -221,12 +221,13 @@ def check_choice(value: str, choices, flag: str) -> None:
 def check_output(path, what: str = "output file") -> None:
     """Before any work: ``path`` can be written (its directory exists and is writable; it is not a directory),
     else exit 1 naming it, instead of failing after an hour of training."""
-    p = os.path.abspath(os.path.expanduser(str(path)))
-    if os.path.exists(p) and not (os.path.isfile(p) or os.path.isdir(p)):  # a FIFO or a device: written in place
+    from pipeline.atomic import output_target
+
+    p, streamed = output_target(os.path.abspath(os.path.expanduser(str(path))))
+    if streamed:  # a FIFO or a device: written in place
         if not os.access(p, os.W_OK):
             fail(f"{path}: cannot write the {what} (permission denied)")
         return
-    p = os.path.realpath(p)  # through a symbolic link its target is replaced
     parent = os.path.dirname(p)
     if os.path.isdir(p):
         fail(f"{path}: is a directory; give a file name for the {what}")

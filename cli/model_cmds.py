@@ -278,9 +278,7 @@ def evaluate(
     except user_errors() as e:
         fail(str(e))
     res["model"] = str(model)
-    from pipeline.store.reader import open_store
-
-    kinds = (m.meta.get("label_kind"), open_store(str(store)).label_kind)
+    kinds = (m.meta.get("label_kind"), "regression" if "rmse" in res else "binary")  # the store's, by its metrics
     if None not in kinds and kinds[0] != kinds[1]:
         typer.echo(f"note: {model} was trained on {kinds[0]} labels and {store}'s are {kinds[1]}: these are "
                    f"{kinds[1]} metrics of a {kinds[0]} model", err=True)

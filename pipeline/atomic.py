@@ -61,6 +61,20 @@ def _remove_stale(d: str, stem: str, suffix: str) -> None:
             pass  # alive under another user
 
 
+def output_target(path) -> tuple[str, bool]:
+    """Where a plain write of ``path`` lands, and whether it streams there: ``(path, True)`` for an existing FIFO
+    or device (``/dev/stdout``: no rename is possible), else ``(the file, False)`` with a symbolic link resolved
+    to its target (the rename replaces the target; the link stays)."""
+    path = os.fspath(path)
+    try:
+        mode = os.stat(path).st_mode  # follows links
+    except OSError:
+        mode = stat.S_IFREG
+    if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+        return path, True
+    return (os.path.realpath(path) if os.path.islink(path) else path), False
+
+
 def write_atomically(path, fill, suffix: str = ".tmp", durable: bool = True) -> str:
     """``fill(f)`` writes the content into a binary file object; it becomes ``path`` only once complete, with
     the permissions a plain ``open(path, "w")`` would give it (0666 less the umask). The temporary file is
@@ -68,17 +82,12 @@ def write_atomically(path, fill, suffix: str = ".tmp", durable: bool = True) -> 
     ``durable``: fsync the file and its directory (False for scratch files that no later run reads).
     Through a symbolic link the link's target is replaced (the link stays); a FIFO or a device (``/dev/stdout``)
     is written directly, as a plain write would."""
-    path = os.fspath(path)
-    try:
-        mode = os.stat(path).st_mode  # follows links
-    except OSError:
-        mode = stat.S_IFREG
-    if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):  # a FIFO, a terminal, /dev/stdout: no rename there
+    given = os.fspath(path)
+    path, streamed = output_target(given)
+    if streamed:
         with open(path, "wb") as f:
             fill(f)
-        return path
-    if os.path.islink(path):  # a plain write goes through a symbolic link: the rename replaces its target
-        path = os.path.realpath(path)
+        return given
     d = os.path.dirname(os.path.abspath(path)) or "."
     stem = "." + os.path.basename(path) + "."
     _remove_stale(d, stem, suffix)

@@ -138,7 +138,7 @@ def dask_client(workers: int | None = None, scheduler: str | None = None, client
     from distributed import Client
 
     if scheduler:
-        timeout = connect_timeout()
+        timeout = connect_timeout()  # outside the try: its own error names the variable, not the address
         try:
             c = Client(scheduler, timeout=timeout)
         except (OSError, TimeoutError) as e:

@@ -73,6 +73,16 @@ def step_size(eta, schedule, power_t, t):
     """η_t: ``eta`` (SCHEDULE_CONSTANT) or eta / t**power_t (SCHEDULE_INVSCALING), t counting from 1."""
     return eta / (float(t) ** power_t) if schedule == SCHEDULE_INVSCALING else eta
 
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def bias_step(b, nb, e, d, bias_delta):
+    """The bias's step b ← b − η_t·d, or its AdaGrad step (``bias_delta`` > 0: n_b += d², b ← b − η_t·d/(δ + √n_b));
+    returns (b, n_b)."""
+    if bias_delta > 0.0:
+        nb += d * d
+        return b - e * d / (bias_delta + math.sqrt(nb)), nb
+    return b - e * d, nb
+
 FOLD_THRESHOLD = 1e-9
 """Fold wscale back into w (O(p)) as soon as it drops below this value."""
 
@@ -283,11 +293,7 @@ def _tg_rows(indptr, indices, data, y, rows, w, Gl, n, istate, fstate, eta, sche
                 Gl[S * j + O] = G
             w[S * j] = v
         if fit_bias:
-            if bias_ada:
-                nb += d * d
-                b -= e * d / (bias_delta + math.sqrt(nb))
-            else:
-                b -= e * d
+            b, nb = bias_step(b, nb, e, d, bias_delta)
         if s < FOLD_THRESHOLD:
             _fold(w, Gl, n, G, s, theta, delta, ada, S, O)
             G = 0.0

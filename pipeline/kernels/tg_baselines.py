@@ -13,12 +13,11 @@ model is rounded with T0(·, θ) (pipeline.algorithms.sgd). Dense: O(p) per row,
 The bias: b ← b − η_t·ℓ' (or its AdaGrad step with ``bias_delta`` > 0, accumulator in fstate[3]), never rounded.
 State layout as TG's (pipeline.kernels.sgd): istate [t], fstate [G, wscale (1), bias(, n_bias)].
 """
-import math
 
 import numba
 
 from .losses import dloss
-from .sgd import step_size
+from .sgd import bias_step, step_size
 
 ROUNDING = 1
 SUBGRADIENT = 2
@@ -65,11 +64,7 @@ def tg_baseline_block(indptr, indices, data, y, rows, w, Gl, istate, fstate, eta
                     w[j] = 0.0
                 Gl[j] = G
         if fit_bias:
-            if bias_delta > 0.0:
-                nb += d * d
-                b -= e * d / (bias_delta + math.sqrt(nb))
-            else:
-                b -= e * d
+            b, nb = bias_step(b, nb, e, d, bias_delta)
     istate[0] = t
     fstate[0] = G
     fstate[2] = b
