@@ -30,7 +30,13 @@ to full scale.
    its first pass is the dearest), and the engine's copy / read / kernel split per worker;
 4. Vowpal Wabbit (logistic, --l1, -b 24) on the same training rows (benchmarks.webspam's FIFO feed): one
    text pass writing the cache, then ``--passes 1`` and ``--passes 3`` from the cache; marginal (t3 − t1) / 2;
-   VW counts as one core (its CPU time, parser thread included, is reported beside it).
+   VW counts as one core (its CPU time, parser thread included, is reported beside it);
+5. the layout probe (``--skip layout`` to leave it out): the same blocks with feature ids renumbered by
+   descending frequency (:func:`renumber_by_frequency`, in place, after 1 and 2: each row's entries re-sorted),
+   then the f64 tight loop and each kernel again in block order. What a store written in that order would gain:
+   the hot features share cache lines and fit the last-level cache; a weight vector in ingest's order scatters
+   them over the whole width. The renumbering's own time is reported (a per-pass remap at read time would cost
+   at least its gather).
 
 Reported: non-zeros per second per core of each, and the ratios to the targets (ours per core ≥ 3x VW per
 core, ≥ 60% of the tight loop per core). The 1-minute load average is recorded with every measurement.
@@ -87,6 +93,32 @@ def logistic_sgd(indptr, indices, data, y, rows, w, bstate, eta, ahead=0):
             wp[ip[k]] -= step * vp[k]
         b -= step
     bstate[0] = b
+
+
+@numba.njit(nogil=True, cache=True)
+def _renumber_rows(indptr, indices, data, new_id):
+    """indices ← new_id[indices] in place, each row's entries (and their values) re-sorted by the new ids."""
+    for i in range(indptr.shape[0] - 1):
+        lo, hi = indptr[i], indptr[i + 1]
+        ix = new_id[indices[lo:hi]]
+        o = np.argsort(ix)
+        dx = data[lo:hi][o]
+        indices[lo:hi] = ix[o]
+        data[lo:hi] = dx
+
+
+def renumber_by_frequency(blocks, p: int) -> float:
+    """Renumber the feature ids of ``blocks`` in place so that id 0 is the most frequent feature, 1 the next, ...
+    (ties in id order); returns the seconds the counting and renumbering took."""
+    t0 = time.perf_counter()
+    count = np.zeros(p, np.int64)
+    for b in blocks:
+        count += np.bincount(b[1], minlength=p)
+    new_id = np.empty(p, np.int32)
+    new_id[np.argsort(-count, kind="stable")] = np.arange(p, dtype=np.int32)
+    for ip, ix, x, _ in blocks:
+        _renumber_rows(ip, ix, x, new_id)
+    return time.perf_counter() - t0
 
 
 def load(store_path: str):
@@ -159,7 +191,8 @@ def _touched(algo, state: dict) -> dict:
     return state
 
 
-def kernel(blocks, st, nnz: int, reps: int, name: str = "tg", window: int = 4) -> tuple[list[dict], float]:
+def kernel(blocks, st, nnz: int, reps: int, name: str = "tg", window: int = 4,
+           orders=("block order", "engine order (window 4)"), tag: str = "") -> tuple[list[dict], float]:
     """The algorithm's kernel (defaults, one path) through ``Algorithm.advance`` as the engine calls it, one
     process; each rep is a first pass (a fresh state) over every training row as one stage, timed without the
     stage end (flush, timed apart)."""
@@ -178,6 +211,8 @@ def kernel(blocks, st, nnz: int, reps: int, name: str = "tg", window: int = 4) -
     out = []
     for label, data, rows in (("block order", blocks, [np.arange(b[3].shape[0], dtype=np.int64) for b in blocks]),
                               ("engine order (window 4)", groups, rows_eng)):
+        if label not in orders:
+            continue
         times, flush = [], []
         for _ in range(reps):
             state = _touched(algo, algo.init_path(p, 0))
@@ -191,7 +226,7 @@ def kernel(blocks, st, nnz: int, reps: int, name: str = "tg", window: int = 4) -
             state = algo.settle(state)
         nnz_w = np.count_nonzero(state["w"]) if "w" in state else len(state.get("w_idx", ()))
         s = min(times)
-        out.append({"what": f"{name} kernel alone, {label}", "seconds": round(s, 3),
+        out.append({"what": f"{name} kernel alone, {label}{tag}", "seconds": round(s, 3),
                     "runs_s": [round(t, 3) for t in times], "flush_s": round(min(flush), 3),
                     **per_pass(nnz, s, 1), "load1": load1(),
                     "density": nnz_w / p, "eta": algo.eta})
@@ -296,7 +331,7 @@ def main(argv=None):
                     help='comma list of ALGO or "ALGO:EXTRA ARGS" for train (e.g. "stsgd:--set path_mode=split")')
     ap.add_argument("--reps", type=int, default=2, help="in-process runs of the tight loop and the kernel")
     ap.add_argument("--command-reps", type=int, default=1, help="runs of each train command (the fastest counts)")
-    ap.add_argument("--skip", default="", help="comma list of tight,kernel,command,vw")
+    ap.add_argument("--skip", default="", help="comma list of tight,kernel,command,vw,layout")
     ap.add_argument("--vw-l1", type=float, default=1e-6)
     ap.add_argument("--work", type=Path, default=None)
     a = ap.parse_args(argv)
@@ -335,6 +370,16 @@ def main(argv=None):
                 got.append(tight_every_core(blocks, nnz, st.n_features, eta, a.reps, a.workers))
             rows += got
             print(got, flush=True)
+        if "layout" not in skip:
+            tag = ", feature ids by frequency"
+            secs = renumber_by_frequency(blocks, st.n_features)
+            print(f"renumbered by frequency in {secs:.1f} s", flush=True)
+            w, b = np.zeros(st.n_features), np.zeros(1)
+            rows.append({**_loop_row(f"tight loop, w float64{tag}", lambda: _sweep(blocks, w, b, eta or 1.0),
+                                     a.reps, nnz, 1, [w]), "renumber_s": round(secs, 2)})
+            for name in algos:
+                rows += kernel(blocks, st, nnz, a.reps, name, orders=("block order",), tag=tag)[0]
+            print(rows[-1 - len(algos):], flush=True)
         del blocks
         if "command" not in skip:
             for algo, extra in specs:
@@ -379,6 +424,10 @@ def main(argv=None):
                                                                          tl)
         ratios[f"{algo} kernel (block order) vs tight loop f64 with prefetch"] = ratio(
             get(f"{algo} kernel alone, block order"), tlp)
+        ratios[f"{algo} kernel, feature ids by frequency vs as stored"] = ratio(
+            get(f"{algo} kernel alone, block order, feature ids by frequency"), get(f"{algo} kernel alone, block order"))
+    ratios["tight loop f64, feature ids by frequency vs as stored"] = ratio(
+        get("tight loop, w float64, feature ids by frequency"), tl)
     ratios["tight loop f32 vs f64"] = ratio(get("tight loop, w float32"), tl)
     ratios["tight loop f64 with prefetch vs without"] = ratio(tlp, tl)
     ratios["tight loop f64 on every core at once vs alone, per core"] = ratio(tla, tl)

@@ -53,3 +53,20 @@ def test_float32_weights_close_to_reference():
     assert w.dtype == np.float32
     np.testing.assert_allclose(w, wr, rtol=1e-5, atol=1e-6)
     assert b[0] == pytest.approx(br, rel=1e-5, abs=1e-6)
+
+
+def test_renumber_by_frequency_is_a_column_permutation_in_frequency_order():
+    """The layout probe's renumbering: the same matrix with its columns permuted (NumPy oracle), every row's ids
+    increasing, and column counts non-increasing in the new ids."""
+    from benchmarks.throughput import renumber_by_frequency
+
+    X, y, _ = data(4, n=80, p=300, density=0.08)
+    halves = [X[:50], X[50:]]
+    blocks = [(h.indptr.copy(), h.indices.copy(), h.data.copy(), y[:h.shape[0]]) for h in halves]
+    renumber_by_frequency(blocks, X.shape[1])
+    R = sp.vstack([sp.csr_matrix((x, ix, ip), shape=(ip.shape[0] - 1, X.shape[1])) for ip, ix, x, _ in blocks])
+    counts = np.bincount(X.indices, minlength=X.shape[1])
+    old_of_new = np.argsort(-counts, kind="stable")
+    np.testing.assert_array_equal(R.toarray(), X.toarray()[:, old_of_new])
+    assert all(np.all(np.diff(ix[ip[i]:ip[i + 1]]) > 0) for ip, ix, _, _ in blocks for i in range(ip.shape[0] - 1))
+    assert np.all(np.diff(np.bincount(R.indices, minlength=X.shape[1])) <= 0)
