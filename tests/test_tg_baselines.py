@@ -78,5 +78,8 @@ def test_the_baselines_refuse_what_they_cannot_run():
                        ({"rule": "subgradient", "theta": 0.1, "K": 3}, "K has no effect"), ({"rule": "x"}, "rule")]:
         with pytest.raises(ValueError, match=word):
             make_algorithm("tg", opts)
-    with pytest.raises(ValueError, match="baseline of --algo tg"):
+    with pytest.raises(ValueError, match="rule, theta has no effect: --algo sgd never truncates"):
         make_algorithm("sgd", {"rule": "rounding", "theta": 0.1})
+    for key, value in (("K", 3), ("theta", 0.5), ("rule", "tg")):  # sgd's truncation options are all refused
+        with pytest.raises(ValueError, match=f"{key} has no effect"):
+            make_algorithm("sgd", {key: value})

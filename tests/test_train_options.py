@@ -94,6 +94,10 @@ def test_algorithms_lists_every_registered_algorithm_from_its_params():
     assert docs["ftrl"]["paper"].startswith("McMahan")
     assert any(p["name"] == "radius" and p["default"] == 10.0 for p in docs["l1proj"]["params"])
     assert {p["name"]: p["tag"] for p in docs["stsgd"]["params"]}["pi0"] == "ST-7"
+    # an option the defaults never read says so (and a given one is refused: tests/test_tg_baselines.py)
+    no_effect = {n: {p["name"] for p in docs[n]["params"] if "no effect at the defaults" in p["meaning"]}
+                 for n in ("sgd", "tg", "stsgd")}
+    assert no_effect == {"sgd": {"K", "theta", "rule"}, "tg": set(), "stsgd": {"beta0", "gamma", "g0_init"}}
     one = run("algorithms", "nssl")
     assert one.exit_code == 0 and one.output.startswith("nssl: ") and "density_bound" in one.output
     bad = run("algorithms", "nope")

@@ -58,8 +58,6 @@ def make_algorithm(name: str, options: dict):
     p = params_from_dict(params_class(name), options, where=f"--algo {name}")
     if name == "sgd" and getattr(p, "gravity", 0) != 0:
         raise ValueError("--algo sgd has no gravity; use --algo tg")
-    if name in ("sgd", "fobos") and getattr(p, "rule", "tg") != "tg":
-        raise ValueError(f"--algo {name}: rule {p.rule} is a baseline of --algo tg")
     return _registered(name, 1)(p)
 
 

@@ -161,10 +161,13 @@ def describe(name: str) -> dict:
         if dataclasses.is_dataclass(base):
             comments.update({k: v for k, v in _field_comments(base).items() if v})
     out = []
+    inert = params().inert() if hasattr(params, "inert") else {}  # options the defaults never read
     for f in dataclasses.fields(params):
         meta = dict(f.metadata or {})
         comment = comments.get(f.name, "")
         meaning = meta.get("help") or comment or GLOSSARY.get(f.name, "")
+        if f.name in inert:
+            meaning = f"{meaning} (no effect at the defaults: {inert[f.name]})"
         tag_m = TAG.search(meta.get("tag", "") or comment)
         out.append({"name": f.name, "type": _type_name(f), "default": _default(f),
                     "meaning": meaning or "(undocumented)",

@@ -115,6 +115,11 @@ class SGDParams(TGParams):
     scale: str = "none"             # "none": eta literal; "data": in units of 1/E‖x‖²
     bias_adagrad: bool = False      # AdaGrad step for the bias alone: η_t / (bias_delta + √Σd²)
 
+    def inert(self) -> dict:
+        """Plain SGD never truncates: TG's truncation options (and its baselines' rule) read nothing here."""
+        why = "--algo sgd never truncates (its gravity is 0); truncation and its baselines are --algo tg"
+        return dict.fromkeys(("K", "theta", "rule"), why)
+
 
 class TruncatedGradient(Algorithm):
     name = "tg"
