@@ -177,8 +177,8 @@ class TrainingOptions:
             from pipeline.algorithms import params_class, params_from_dict
 
             params_from_dict(params_class(name), opts, where=f"--algo {name}")
-        except (ValueError, TypeError) as e:
-            fail(str(e) if str(e).startswith("--algo") else f"--algo {name}: {e}", 2)
+        except ValueError as e:  # named "--algo NAME: ..." by params_from_dict
+            fail(str(e), 2)
         return Resolved(name, opts, run, cfg_path)
 
 

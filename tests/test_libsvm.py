@@ -67,7 +67,8 @@ def reference_parse(text: str, zero_based=False, width=-1, value_dtype=np.float6
                 err = libsvm.BEYOND_WIDTH
             if err:
                 break
-            feats.append((j, val))
+            if value_dtype(val) != 0:  # a zero in the stored dtype (j:0, a float32 underflow) is not stored
+                feats.append((j, val))
             prev = j
         if err:
             errors.append((ln, err))
@@ -166,6 +167,17 @@ def test_awkward_cases_explicitly():
     assert p.row_line.tolist() == [0, 3, 4, 5]
     z = libsvm.parse_buffer(b"1 0:1 4:2\n", zero_based=True)
     assert z.indices.tolist() == [0, 4] and z.max_index == 5
+
+
+def test_explicit_zeros_are_checked_and_counted_for_the_width_but_not_stored():
+    text = b"1 3:0 5:1.5 7:0.0 9:1e-50 10:-0\n-1 2:0\n"
+    p = libsvm.parse_buffer(text, value_dtype=np.float32)
+    assert p.errors == [] and p.indptr.tolist() == [0, 1, 1] and p.indices.tolist() == [4] and p.max_index == 10
+    d = libsvm.parse_buffer(text)  # float64 holds 1e-50
+    assert d.indices.tolist() == [4, 8] and d.data.tolist() == pytest.approx([1.5, 1e-50], rel=1e-15)
+    for bad, code in ((b"1 3:0 3:1\n", libsvm.DUPLICATE), (b"1 4:0 3:1\n", libsvm.NON_INCREASING),
+                      (b"1 11:0\n", libsvm.BEYOND_WIDTH)):
+        assert libsvm.parse_buffer(bad, width=10).errors[0][2] == code
 
 
 def test_width_and_label_pair_checks():

@@ -289,7 +289,7 @@ def test_job_file_keys(tmp_path):
     r = CliRunner().invoke(app, ["retrain", "--config", _job(str(tmp_path / "c")), "--set", "train.nope=1"])
     assert r.exit_code == 2 and "train.nope" in r.output
     for old, new, cause in [("eta = 0.5", 'eta = "abc"', "job.toml: 'train.eta' must be a number, got 'abc'"),
-                            ("eta = 0.5", "K = 0", "job.toml: K must be >= 1, got 0"),
+                            ("eta = 0.5", "K = 0", r"job.toml: --algo \w+: K must be >= 1, got 0"),
                             ("passes = 3", 'passes = "two"', "job.toml: 'train.passes' must be an integer")]:
         p = _job(str(tmp_path / "d"))
         with open(p) as f:

@@ -136,13 +136,17 @@ def nonzero_entries(idx: np.ndarray, values: np.ndarray) -> tuple:
 
 def params_from_dict(cls, values: dict, where: str = "config"):
     """Build the frozen hyper-parameter dataclass ``cls`` from ``values``, rejecting unknown keys and given keys
-    the resulting setting never reads (the class's optional ``inert()``: {option: why})."""
+    the resulting setting never reads (the class's optional ``inert()``: {option: why}). Every error is a
+    ValueError whose message starts with ``where``."""
     names = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(values) - names)
     if unknown:
         raise ValueError(f"{where}: unknown option(s) {', '.join(unknown)} for {cls.__name__}; "
                          f"known: {', '.join(sorted(names))}")
-    p = cls(**values)
+    try:
+        p = cls(**values)
+    except (ValueError, TypeError) as e:  # the dataclass's own checks, named like the rest: "--algo tg: K must ..."
+        raise ValueError(f"{where}: {e}") from None
     inert = {k: why for k, why in (p.inert() if hasattr(p, "inert") else {}).items() if k in values}
     if inert:
         raise ValueError(f"{where}: {', '.join(sorted(inert))} has no effect: {next(iter(inert.values()))}")

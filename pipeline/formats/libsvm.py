@@ -322,7 +322,7 @@ def _fast_pairs(p, pos, fast_last, base, lim, indices, data, nnz):
         prev = j
         ip[nnz] = j
         dp[nnz] = val
-        nnz += 1
+        nnz += dp[nnz] != 0.0  # an explicit zero (in the store's dtype) is not stored (:func:`parse_libsvm`)
         pos = te
     return pos, nnz, prev
 
@@ -397,7 +397,7 @@ def _pairs(p, pos, n, fast_last, base, lim, width, line_start, indices, data, nn
         prev = j
         ip[nnz] = j
         dp[nnz] = val
-        nnz += 1
+        nnz += dp[nnz] != 0.0
     state[0] = wait
     state[1] = backoff
     return pos, nnz, prev, code, col
@@ -410,7 +410,10 @@ def parse_libsvm(buf, one_based, width, skip_invalid, label_lo, label_hi, use_pa
                  indptr, indices, data, labels, row_line, err_line, err_col, err_code):
     """Tokenize whole LIBSVM lines in ``buf`` (C-contiguous uint8) into preallocated CSR arrays.
 
-    indptr[0] must be 0; indices are 0-based on output. ``width`` < 0 means no declared width.
+    indptr[0] must be 0; indices are 0-based on output. ``width`` < 0 means no declared width. A pair whose
+    value is zero in ``data``'s dtype (``j:0``, or a float32 underflow such as ``j:1e-50``) is checked like any
+    other (index order, width) and counts for the width, but is not stored: the CSR holds non-zeros only (the
+    kernels' per-feature counts, e.g. STSGD's k̃_j, would otherwise count a touch that carries no gradient).
     ``use_pair`` restricts labels to {label_lo, label_hi} (explicit binary encodings).
     Returns (n_rows, nnz, n_errors, max_index_plus_one, n_lines). With ``skip_invalid`` False the
     first error stops the scan (n_errors == 1); otherwise bad lines are dropped and all are recorded.
