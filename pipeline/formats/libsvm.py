@@ -322,7 +322,7 @@ def _fast_pairs(p, pos, fast_last, base, lim, indices, data, nnz):
         prev = j
         ip[nnz] = j
         dp[nnz] = val
-        nnz += dp[nnz] != 0.0  # an explicit zero (in the store's dtype) is not stored (:func:`parse_libsvm`)
+        nnz += 1
         pos = te
     return pos, nnz, prev
 
@@ -397,10 +397,38 @@ def _pairs(p, pos, n, fast_last, base, lim, width, line_start, indices, data, nn
         prev = j
         ip[nnz] = j
         dp[nnz] = val
-        nnz += dp[nnz] != 0.0
+        nnz += 1
     state[0] = wait
     state[1] = backoff
     return pos, nnz, prev, code, col
+
+
+@numba.njit(cache=True, nogil=True)
+def _count_zeros(data, n):
+    """How many of data[:n] are zero (a counting loop the compiler vectorises: ~0.1 ns a value, where a test per
+    pair in the parse loops cost 2-4% of the parse)."""
+    z = 0
+    for k in range(n):
+        z += data[k] == 0.0
+    return z
+
+
+@numba.njit(cache=True, nogil=True)
+def _drop_zeros(indptr, indices, data, nrows):
+    """Remove the zero values of the CSR rows ``indptr[:nrows + 1]`` in place (order kept, row pointers
+    rewritten); returns the new number of entries."""
+    k = 0
+    lo = indptr[0]
+    for r in range(nrows):
+        hi = indptr[r + 1]
+        for i in range(lo, hi):
+            if data[i] != 0.0:
+                indices[k] = indices[i]
+                data[k] = data[i]
+                k += 1
+        lo = hi
+        indptr[r + 1] = k
+    return k
 
 
 # ------------------------------------------------------------------------------------- the kernel
@@ -492,6 +520,8 @@ def parse_libsvm(buf, one_based, width, skip_invalid, label_lo, label_hi, use_pa
         nrows += 1
         indptr[nrows] = nnz
         line += 1
+    if _count_zeros(data, nnz):  # explicit zeros (rare): the rows close up over them
+        nnz = _drop_zeros(indptr, indices, data, nrows)
     return nrows, nnz, nerr, maxidx, line
 
 
