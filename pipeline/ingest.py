@@ -285,7 +285,7 @@ def _first_newline(buf: np.ndarray, start: int) -> int:
 def _block_result(key: str, parsed: libsvm.Parsed, nbytes: int) -> dict:
     """Metadata of one parsed block plus the arrays to write (indices/data already in store dtypes)."""
     res = {"key": key, "rows": parsed.n_rows, "nnz": parsed.nnz, "n_lines": parsed.n_lines,
-           "max_index": parsed.max_index, "bytes": nbytes, "errors": parsed.errors}
+           "max_index": parsed.max_index, "bytes": nbytes, "errors": parsed.errors, "zeros": parsed.zeros}
     labels = parsed.labels
     vals, first, counts = np.unique(labels, return_index=True, return_counts=True)
     res["label_values"] = vals.tolist()
@@ -709,6 +709,10 @@ def _commit(c, root, out, old, sources, tasks, results, o, generation, t0):
             prev_maps.append(enc)
     _check_label_meaning(old if o.labels == "auto" else None, sources, label_map)
     kind = kinds.pop() if kinds else "binary"
+    zeros = sum(b.get("zeros", 0) for b in blocks)
+    if zeros:
+        notes.append(f"{zeros:,} explicit zero value(s) (j:0{', or below float32' if o.dtype == 'float32' else ''}) "
+                     f"were checked but not stored: the store holds non-zeros only")
     # width
     width = max([o.n_features or 0, old["n_features"] if old else 0] + [b["max_index"] for b in blocks])
     new_keys = [b["key"] for b in blocks if b["rows"] > 0]

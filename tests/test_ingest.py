@@ -208,6 +208,22 @@ def test_a_one_class_holdout_is_noted(tmp, client):
                   client=client)["notes"] == []
 
 
+def test_explicit_zeros_are_not_stored_and_are_noted(tmp, client):
+    """j:0 and a float32 underflow: checked, counted for the width and noted, but the store holds non-zeros only
+    (scikit-learn's loader keeps them as stored entries); blocks cut anywhere count each once."""
+    rows = ["1 1:1 3:0 5:0.5", "-1 2:1 9:1e-50", "1 1:0.5 2:-0", "-1 4:2"] * 50
+    f = write(tmp / "z.svm", "\n".join(rows))
+    s = ingest([f], str(tmp / "s"), IngestOptions(block_mb=0.001, holdout=0), client=client)
+    X, _, st = store_matrix(tmp / "s")
+    Xr, _ = load_svmlight_file(f, n_features=9)
+    Xr.data = Xr.data.astype(np.float32)
+    Xr.eliminate_zeros()
+    assert st.n_features == 9 and len(st.entries("all")) > 1
+    assert X.nnz == Xr.nnz == 5 * 50 and (X != Xr).nnz == 0 and np.all(X.data != 0)
+    assert s["notes"] == ["150 explicit zero value(s) (j:0, or below float32) were checked but not stored: the "
+                          "store holds non-zeros only"]
+
+
 def test_append_adds_rows_widens_and_refuses_the_same_file(tmp, client):
     a = write(tmp / "a.svm", "\n".join(lines(100, 1, width=20)))
     b = write(tmp / "b.svm", "\n".join(lines(80, 2, width=40)))

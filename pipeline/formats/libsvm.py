@@ -443,7 +443,7 @@ def parse_libsvm(buf, one_based, width, skip_invalid, label_lo, label_hi, use_pa
     other (index order, width) and counts for the width, but is not stored: the CSR holds non-zeros only (the
     kernels' per-feature counts, e.g. STSGD's k̃_j, would otherwise count a touch that carries no gradient).
     ``use_pair`` restricts labels to {label_lo, label_hi} (explicit binary encodings).
-    Returns (n_rows, nnz, n_errors, max_index_plus_one, n_lines). With ``skip_invalid`` False the
+    Returns (n_rows, nnz, n_errors, max_index_plus_one, n_lines, zeros_dropped). With ``skip_invalid`` False the
     first error stops the scan (n_errors == 1); otherwise bad lines are dropped and all are recorded.
     """
     p = _base(buf)
@@ -511,7 +511,7 @@ def parse_libsvm(buf, one_based, width, skip_invalid, label_lo, label_hi, use_pa
             nnz = row_nnz_start
             line += 1
             if not skip_invalid:
-                return nrows, nnz, nerr, maxidx, line
+                return nrows, nnz, nerr, maxidx, line, 0
             continue
         if prev + 1 > maxidx:
             maxidx = prev + 1
@@ -520,9 +520,10 @@ def parse_libsvm(buf, one_based, width, skip_invalid, label_lo, label_hi, use_pa
         nrows += 1
         indptr[nrows] = nnz
         line += 1
-    if _count_zeros(data, nnz):  # explicit zeros (rare): the rows close up over them
+    zeros = _count_zeros(data, nnz)
+    if zeros:  # explicit zeros (rare): the rows close up over them
         nnz = _drop_zeros(indptr, indices, data, nrows)
-    return nrows, nnz, nerr, maxidx, line
+    return nrows, nnz, nerr, maxidx, line, zeros
 
 
 def line_chunks(f, size: int):
@@ -566,6 +567,7 @@ class Parsed:
     stats_idx: np.ndarray | None = None  # feature ids present, ascending (int32 or int64 like indices)
     stats_nnz: np.ndarray | None = None  # int32 non-zero count per feature
     stats_sumsq: np.ndarray | None = None  # float64 sum of squares per feature, added in row order
+    zeros: int = 0  # explicit zero values checked but not stored (``j:0``, a float32 underflow)
 
     @property
     def n_rows(self) -> int:
@@ -601,12 +603,12 @@ def parse_buffer(buf, *, zero_based=False, width=-1, skip_invalid=False, label_p
     err_col = np.empty_like(err_line)
     err_code = np.empty_like(err_line)
     lo, hi = (float(label_pair[0]), float(label_pair[1])) if label_pair else (0.0, 0.0)
-    nrows, nnz, nerr, maxidx, nlines = parse_libsvm(
+    nrows, nnz, nerr, maxidx, nlines, zeros = parse_libsvm(
         arr, not zero_based, int(width), bool(skip_invalid), lo, hi, label_pair is not None,
         indptr, indices, data, labels, row_line, err_line, err_col, err_code)
     errors = [(int(err_line[k]), int(err_col[k]), int(err_code[k])) for k in range(nerr)]
     out = Parsed(indptr[: nrows + 1], indices[:nnz], data[:nnz], labels[:nrows], row_line[:nrows],
-                 errors, int(nlines), int(maxidx))
+                 errors, int(nlines), int(maxidx), zeros=int(zeros))
     if column_stats:
         out.stats_idx, out.stats_nnz, out.stats_sumsq = colstats.column_stats(
             out.indptr, out.indices, out.data, out.max_index, reuse=reuse)
