@@ -68,5 +68,5 @@ def check_settings(cfg: dict, algo: str, where: str, run_types: dict | None = No
     hyper = {k: v for k, v in cfg.items() if k not in run_types}
     try:
         params_from_dict(params_class(algo), hyper, where=f"--algo {algo}")
-    except (ValueError, TypeError) as e:
+    except ValueError as e:
         raise ValueError(f"{where}: {e}") from None

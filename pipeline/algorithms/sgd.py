@@ -99,7 +99,6 @@ class TGParams:
         K.check_tg_params(self.l2, self.theta, self.gravity, self.K, eta=self.eta,
                           schedule=SCHEDULES[self.schedule], power_t=power_t)
 
-
     def inert(self) -> dict:
         """The rounding baseline (TG-3) reads no gravity, the subgradient one (TG-4) no K."""
         return {"rounding": {"gravity": "rule rounding (TG-3) rounds with theta and has no gravity"},

@@ -174,6 +174,10 @@ class STSGDParams:
         check_positive("adagrad_delta", self.adagrad_delta)
         if self.ratio not in RATIOS:
             raise ValueError(f"ratio must be 'c' or 'paper', got {self.ratio!r}")
+        if not (self.alpha == 0 or 0.0 < self.alpha < 1.0):
+            raise ValueError(f"alpha must be 0 (off) or in (0, 1), got {self.alpha}")
+        if not (self.tol >= 0):
+            raise ValueError(f"tol must be >= 0, got {self.tol}")
 
     def inert(self) -> dict:
         """{option: why} of the base-gravity options this setting never reads (given ones are refused)."""
@@ -183,10 +187,6 @@ class STSGDParams:
             return dict.fromkeys(("beta0", "gamma", "g0_init"), "with gravity = 'l1' (the default) g0 = η·l1; "
                                  "the paper's rejection-rate rule (ST-9/ST-10) is --set gravity=adaptive")
         return {"l1": "with gravity = 'adaptive' the rejection-rate rule (ST-9/ST-10) sets g0; l1 is read by gravity 'l1' only"}
-        if not (self.alpha == 0 or 0.0 < self.alpha < 1.0):
-            raise ValueError(f"alpha must be 0 (off) or in (0, 1), got {self.alpha}")
-        if not (self.tol >= 0):
-            raise ValueError(f"tol must be >= 0, got {self.tol}")
 
 
 class STSGD(Algorithm):

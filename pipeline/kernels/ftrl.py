@@ -40,6 +40,7 @@ import numpy as np
 from .intrinsics import base, prefetch
 from .losses import dloss
 from .sgd import PREFETCH_DISTANCE
+from .splitmix import GOLDEN, MIX1, MIX2, mix64, unit
 
 
 def new_ftrl_state(p):
@@ -80,14 +81,7 @@ def ftrl_z_for(w, n, z_own, alpha, beta, l1, l2):
 def uniform_hash(a, b, c):
     """A uniform number in [0, 1) from three integers (splitmix64's finaliser of a mix of them): the same draw on
     every executor and worker count, nothing carried in a generator's state."""
-    x = (np.uint64(a) * np.uint64(0x9E3779B97F4A7C15)) ^ (np.uint64(b) * np.uint64(0xBF58476D1CE4E5B9)) \
-        ^ (np.uint64(c) * np.uint64(0x94D049BB133111EB))
-    x ^= x >> np.uint64(30)
-    x *= np.uint64(0xBF58476D1CE4E5B9)
-    x ^= x >> np.uint64(27)
-    x *= np.uint64(0x94D049BB133111EB)
-    x ^= x >> np.uint64(31)
-    return float(x >> np.uint64(11)) * (1.0 / 9007199254740992.0)
+    return unit(mix64((np.uint64(a) * GOLDEN) ^ (np.uint64(b) * MIX1) ^ (np.uint64(c) * MIX2)))
 
 
 @numba.njit(cache=True, nogil=True)

@@ -55,6 +55,8 @@ from collections import namedtuple
 import numba
 import numpy as np
 
+from .splitmix import GOLDEN as _GOLDEN, MIX2 as _MIX2, splitmix64 as _splitmix64
+
 __all__ = [
     "project_l1_sort",
     "project_l1_pivot",
@@ -108,21 +110,6 @@ _JIT = dict(cache=True, nogil=True)
 # ------------------------------------------------------------------------------------------------
 # small helpers
 # ------------------------------------------------------------------------------------------------
-
-_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
-_MIX1 = np.uint64(0xBF58476D1CE4E5B9)
-_MIX2 = np.uint64(0x94D049BB133111EB)
-
-
-@numba.njit(inline="always", **_JIT)
-def _splitmix64(state):
-    """One splitmix64 step on a uint64 state; returns (new_state, output)."""
-    state = state + _GOLDEN
-    z = state
-    z = (z ^ (z >> np.uint64(30))) * _MIX1
-    z = (z ^ (z >> np.uint64(27))) * _MIX2
-    z = z ^ (z >> np.uint64(31))
-    return state, z
 
 
 def _as_vec(v, name="v"):

@@ -83,6 +83,7 @@ def bias_step(b, nb, e, d, bias_delta):
         return b - e * d / (bias_delta + math.sqrt(nb)), nb
     return b - e * d, nb
 
+
 FOLD_THRESHOLD = 1e-9
 """Fold wscale back into w (O(p)) as soon as it drops below this value."""
 

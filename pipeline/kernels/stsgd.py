@@ -94,6 +94,7 @@ import numpy as np
 from .intrinsics import base, prefetch, zeros_aligned
 from .losses import dloss, loss as loss_fn
 from .sgd import PREFETCH_DISTANCE, _soft  # (C-1) S(v, a), branch-free: min/max instead of unpredictable branches
+from .splitmix import splitmix64, unit
 
 # istate layout
 I_T = 0
@@ -201,13 +202,8 @@ def reset_stage(istate, rec=None):
 @numba.njit(cache=True, nogil=True, inline="always")
 def _splitmix64(state):
     """One splitmix64 step: returns (new_state, uniform double in [0, 1)); state is uint64."""
-    s = state + np.uint64(0x9E3779B97F4A7C15)
-    z = s
-    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-    z = z ^ (z >> np.uint64(31))
-    # z >> 11 < 2^53: the signed conversion is exact and cheaper than the unsigned one
-    return s, float(np.int64(z >> np.uint64(11))) * (1.0 / 9007199254740992.0)
+    s, z = splitmix64(state)
+    return s, unit(z)
 
 
 @numba.njit(cache=True, nogil=True)

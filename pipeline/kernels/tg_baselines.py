@@ -23,6 +23,12 @@ ROUNDING = 1
 SUBGRADIENT = 2
 
 
+@numba.njit(cache=True, nogil=True, inline="always")
+def _t0(v, theta):
+    """(C-3) T0(v, θ): 0 if |v| ≤ θ, else v."""
+    return 0.0 if abs(v) <= theta else v
+
+
 @numba.njit(cache=True, nogil=True)
 def tg_baseline_block(indptr, indices, data, y, rows, w, Gl, istate, fstate, eta, schedule, power_t, g, K, theta,
                       rule, loss, hinge_at_one, fit_bias, bias_delta):
@@ -42,8 +48,7 @@ def tg_baseline_block(indptr, indices, data, y, rows, w, Gl, istate, fstate, eta
         for k in range(lo, hi):
             j = indices[k]
             if rule == ROUNDING and Gl[j] < G:  # a rounding event since j's last one
-                if abs(w[j]) <= theta:
-                    w[j] = 0.0
+                w[j] = _t0(w[j], theta)
                 Gl[j] = G
             acc += w[j] * data[k]
         d = dloss(acc + b, y[i], loss, hinge_at_one)
@@ -60,8 +65,7 @@ def tg_baseline_block(indptr, indices, data, y, rows, w, Gl, istate, fstate, eta
             G += 1.0
             for k in range(lo, hi):  # this step's rounding for the row's coordinates; the others owe it
                 j = indices[k]
-                if abs(w[j]) <= theta:
-                    w[j] = 0.0
+                w[j] = _t0(w[j], theta)
                 Gl[j] = G
         if fit_bias:
             b, nb = bias_step(b, nb, e, d, bias_delta)
@@ -77,7 +81,7 @@ def rounding_flush(w, Gl, fstate, theta):
     """Apply the rounding every coordinate owes (Gl[j] < G): w = T0(w, θ); then G = 0 and Gl = 0."""
     G = fstate[0]
     for j in range(w.shape[0]):
-        if Gl[j] < G and abs(w[j]) <= theta:
-            w[j] = 0.0
+        if Gl[j] < G:
+            w[j] = _t0(w[j], theta)
         Gl[j] = 0.0
     fstate[0] = 0.0
