@@ -209,6 +209,17 @@ def test_a_base_gravity_option_the_setting_never_reads_is_refused_naming_it(stor
     assert not np.array_equal(a.dense_weights(), b.dense_weights())
 
 
+def test_burst_annealing_and_tolerance_out_of_range_are_refused():
+    """α outside {0} ∪ (0, 1) and a negative tol are usage errors (the checks had been left unreachable once)."""
+    from pipeline.algorithms import make_algorithm
+
+    for opts, word in (({"alpha": 1.0}, "alpha must be 0"), ({"alpha": -0.5}, "alpha must be 0"),
+                       ({"tol": -1e-3}, "tol must be >= 0")):
+        with pytest.raises(ValueError, match=f"--algo stsgd: {word}"):
+            make_algorithm("stsgd", opts)
+    assert make_algorithm("stsgd", {"alpha": 0.5, "tol": 0.0}).params.alpha == 0.5
+
+
 def test_default_stage_is_one_pass():
     """n_K = 0 by default (measured better than the paper's 5 on dexter and rcv1, see STSGDParams)."""
     from pipeline.algorithms.stsgd import STSGDParams
