@@ -115,12 +115,13 @@ def as_completed(client, futures):
 
 
 @contextlib.contextmanager
-def dask_client(workers: int | None = None, scheduler: str | None = None, client=None):
+def dask_client(workers: int | None = None, scheduler: str | None = None, client=None, threads: int = 1):
     """Yield a client: ``distributed.Client`` or :class:`ThreadClient`.
 
     ``client`` is used as is (tests share one cluster); ``scheduler`` joins an existing cluster (a worker paused
     there is reported, :func:`pause_watch`); ``workers`` starts :func:`local_cluster` with that many processes,
-    closed on exit; neither: threads in this process (one per core).
+    closed on exit; neither: threads in this process (one per core). ``threads``: tasks each embedded worker
+    process (or, in this process, each core) runs at once; more than one for tasks that wait on the disk.
     """
     if client is not None:
         yield client
@@ -131,7 +132,7 @@ def dask_client(workers: int | None = None, scheduler: str | None = None, client
         raise UsageError(f"--workers {workers} and --scheduler {scheduler}: give one (--workers starts a local "
                          f"cluster, --scheduler joins an existing one)")
     if not workers and not scheduler:
-        with ThreadClient(default_workers()) as c:
+        with ThreadClient(default_workers() * threads) as c:
             yield c
         return
     import dask
@@ -160,7 +161,8 @@ def dask_client(workers: int | None = None, scheduler: str | None = None, client
         return
     env = {**worker_environ(), "DASK_LOGGING__DISTRIBUTED": logging.getLevelName(worker_log_level()).lower()}
     with dask.config.set({"distributed.nanny.pre-spawn-environ": env}), \
-            local_cluster(workers, local_memory_limit(workers), worker_log_level()) as cluster, Client(cluster) as c:
+            local_cluster(workers, local_memory_limit(workers), worker_log_level(), threads=threads) as cluster, \
+            Client(cluster) as c:
         yield c
 
 
@@ -223,8 +225,8 @@ NO_STEALING = {"distributed.scheduler.work-stealing": False}
 
 
 @contextlib.contextmanager
-def local_cluster(workers: int, memory_limit, silence_logs: int = logging.ERROR, quiet: bool = True):
-    """A LocalCluster of ``workers`` processes with one thread each, scheduler and dashboard on 127.0.0.1 only, and
+def local_cluster(workers: int, memory_limit, silence_logs: int = logging.ERROR, quiet: bool = True, threads: int = 1):
+    """A LocalCluster of ``workers`` processes with ``threads`` threads each (one unless asked), scheduler and dashboard on 127.0.0.1 only, and
     no pause: a Dask worker pauses (runs nothing) while its process uses more than 80% of ``memory_limit`` and
     resumes when that falls, but a sparsepipe worker's memory is its own working arrays, module caches and pages
     the allocator keeps, which pausing does not free, so a paused worker waited forever, silently (measured: a
@@ -242,7 +244,7 @@ def local_cluster(workers: int, memory_limit, silence_logs: int = logging.ERROR,
     with dask.config.set({**(QUIET if quiet else {}), **NO_STEALING}):  # and the scheduler's and nannies' here
         config = dask.config.update(copy.deepcopy(dask.config.config), NO_PAUSE)
         with _children_ignore_sigint():
-            cluster = LocalCluster(n_workers=workers, threads_per_worker=1, processes=True, host="127.0.0.1",
+            cluster = LocalCluster(n_workers=workers, threads_per_worker=threads, processes=True, host="127.0.0.1",
                                    dashboard_address="127.0.0.1:0", silence_logs=silence_logs,
                                    memory_limit=memory_limit, config=config)
         with cluster:

@@ -264,6 +264,7 @@ def _map_range(f, lo: int, n: int) -> np.ndarray | None:
     if n <= 0:
         return np.zeros(0, np.uint8)
     a = lo - lo % mmap.ALLOCATIONGRANULARITY
+    _advise(fd, a, lo + n - a, "POSIX_FADV_WILLNEED")  # the whole range's reads in flight, not a window at a time
     try:
         m = mmap.mmap(fd, lo + n - a, flags=mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0),
                       prot=mmap.PROT_READ, offset=a)
@@ -322,6 +323,7 @@ def parse_task(root: str, task: Task, opts: dict) -> list[dict]:
         with _open(task.path) as f:
             size = file_size(task.path)
             buf = read_owned_lines(f, task.start, task.end, size)
+            _read_ahead(f, task.end, task.end - task.start, size)
             parsed = libsvm.parse_buffer(buf, **kw)
             del buf
             _drop_cached(f, task.start, task.end, size)
@@ -343,12 +345,46 @@ DROP_CACHED_SHARE = 0.25
 def _drop_cached(f, start: int, end: int, size: int) -> None:
     """Tell the kernel the bytes [start, end) of the input ``f`` will not be read again (local files larger than
     :data:`DROP_CACHED_SHARE` of the physical memory only; nothing elsewhere)."""
-    advise = getattr(os, "posix_fadvise", None)
     try:
-        if advise is None or size <= DROP_CACHED_SHARE * os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"):
+        if size <= DROP_CACHED_SHARE * os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"):
             return
-        advise(f.fileno(), start, end - start, os.POSIX_FADV_DONTNEED)
+        _advise(f.fileno(), start, end - start, "POSIX_FADV_DONTNEED")
     except (AttributeError, OSError, ValueError, io.UnsupportedOperation):
+        pass
+
+
+READ_AHEAD_RANGES = 2
+"""A parse task that has read its range asks the kernel for this many next ranges of the file while it parses:
+the task that takes them (on this worker or another) then finds their pages there or on their way. Measured on
+the 24 GB file, `--workers 2` with one task each, page cache dropped, runs alternated: 42.2–42.5 s against
+41.4–44.1 s without; 6 ranges no better."""
+
+
+PARSE_TASKS_PER_CORE = 2
+"""Parse tasks each embedded worker process (or each core, in this process) runs at once: a task waits on the disk
+for its range and its writes (the workers' CPU was ~70% busy with one), during which the other parses. Measured
+on the 24 GB file, `--workers 2`, page cache dropped, runs alternated: with the read-ahead 37.0–40.0 s against
+39.5–42.5 s with one task; both changes against neither 35.1–36.4 s against 38.0–39.5 s (and one at 49.6 s); in
+this process (no `--workers`) 35.0–36.4 against 37.3–37.4 s, at 1.32–1.36 GB peak RSS against 1.04 GB."""
+
+
+def _read_ahead(f, end: int, span: int, size: int) -> None:
+    """Ask the kernel to start reading the :data:`READ_AHEAD_RANGES` ranges of ``span`` bytes after ``end`` of
+    the input ``f`` (local files; a hint, nothing elsewhere)."""
+    try:
+        _advise(f.fileno(), end, min(size, end + READ_AHEAD_RANGES * span) - end, "POSIX_FADV_WILLNEED")
+    except (AttributeError, OSError, ValueError, io.UnsupportedOperation):
+        pass
+
+
+def _advise(fd: int, lo: int, n: int, advice: str) -> None:
+    """``posix_fadvise(fd, lo, n, os.<advice>)`` where the platform has it; a hint, so a refusal is ignored."""
+    advise = getattr(os, "posix_fadvise", None)
+    if advise is None or n <= 0:
+        return
+    try:
+        advise(fd, lo, n, getattr(os, advice))
+    except (OSError, ValueError):
         pass
 
 
@@ -565,7 +601,7 @@ def ingest(inputs: list[str], out: str, options: IngestOptions | None = None, *,
                 hold = set(_choose_holdout([t.keys[0] for t in tasks], o.holdout, o.seed, generation))
                 for t in tasks:
                     t.stats = t.keys[0] not in hold
-            with dask_client(workers, scheduler, client) as c:
+            with dask_client(workers, scheduler, client, threads=PARSE_TASKS_PER_CORE) as c:
                 t_ready = time.time()
                 results = _run_tasks(c, root, tasks, o, sum(s["size"] for s in sources), progress)
                 summary = _commit(c, root, out, old, sources, tasks, results, o, generation, t_ready)

@@ -78,17 +78,24 @@ def test_round_trip_equals_sklearn(rel, tmp, client):
     assert_stats_of_training_rows(st)
 
 
-def test_store_identical_with_one_or_two_workers(tmp, client):
+def test_store_identical_whatever_runs_the_parse_tasks(tmp, client):
+    """The test cluster's two one-thread workers, one worker process running two parse tasks at once
+    (``PARSE_TASKS_PER_CORE``), and this process's threads (two per core): the same arrays, checksums and holdout."""
     f = data_file("news20_binary/news20_binary.svm")
     ingest([str(f)], str(tmp / "a"), IngestOptions(block_mb=0.5), client=client)
     ingest([str(f)], str(tmp / "b"), IngestOptions(block_mb=0.5), workers=1)
-    a, b = all_arrays(tmp / "a"), all_arrays(tmp / "b")
-    assert list(a) == list(b) and len(a) > 5
-    for k in a:
-        for x, z in zip(a[k], b[k]):
-            assert x.dtype == z.dtype and np.array_equal(x, z)
-    ma, mb = open_store(tmp / "a").manifest, open_store(tmp / "b").manifest
-    assert ma["holdout"] == mb["holdout"] and [e["checksum"] for e in ma["blocks"]] == [e["checksum"] for e in mb["blocks"]]
+    ingest([str(f)], str(tmp / "c"), IngestOptions(block_mb=0.5))
+    a = all_arrays(tmp / "a")
+    ma = open_store(tmp / "a").manifest
+    for other in ("b", "c"):
+        b = all_arrays(tmp / other)
+        assert list(a) == list(b) and len(a) > 5
+        for k in a:
+            for x, z in zip(a[k], b[k]):
+                assert x.dtype == z.dtype and np.array_equal(x, z)
+        mb = open_store(tmp / other).manifest
+        assert ma["holdout"] == mb["holdout"]
+        assert [e["checksum"] for e in ma["blocks"]] == [e["checksum"] for e in mb["blocks"]]
 
 
 def test_holdout_is_chosen_by_seed(tmp, client):
