@@ -364,8 +364,9 @@ PARSE_TASKS_PER_CORE = 2
 """Parse tasks each embedded worker process (or each core, in this process) runs at once: a task waits on the disk
 for its range and its writes (the workers' CPU was ~70% busy with one), during which the other parses. Measured
 on the 24 GB file, `--workers 2`, page cache dropped, runs alternated: with the read-ahead 37.0–40.0 s against
-39.5–42.5 s with one task; both changes against neither 35.1–36.4 s against 38.0–39.5 s (and one at 49.6 s); in
-this process (no `--workers`) 35.0–36.4 against 37.3–37.4 s, at 1.32–1.36 GB peak RSS against 1.04 GB."""
+39.5–42.5 s with one task (the command's own time); both changes against neither, whole commands, 36.9–38.4 s
+against 39.7–41.3 s (and one at 51.6 s); in this process (no `--workers`) 35.0–36.4 against 37.3–37.4 s, at
+1.32–1.36 GB peak RSS against 1.04 GB."""
 
 
 def _read_ahead(f, end: int, span: int, size: int) -> None:
