@@ -225,17 +225,18 @@ NO_STEALING = {"distributed.scheduler.work-stealing": False}
 
 
 @contextlib.contextmanager
-def local_cluster(workers: int, memory_limit, silence_logs: int = logging.ERROR, quiet: bool = True, threads: int = 1):
-    """A LocalCluster of ``workers`` processes with ``threads`` threads each (one unless asked), scheduler and dashboard on 127.0.0.1 only, and
-    no pause: a Dask worker pauses (runs nothing) while its process uses more than 80% of ``memory_limit`` and
-    resumes when that falls, but a sparsepipe worker's memory is its own working arrays, module caches and pages
-    the allocator keeps, which pausing does not free, so a paused worker waited forever, silently (measured: a
-    worker holding 250 MB of a 400 MB limit ran no task for as long as it was watched). Without the pause a
-    worker past the limit is restarted by its nanny (95%), and one that keeps dying stops the run with the
-    engine's WorkerMemoryError; Dask's spilling of stored results (60–70%) stays on. Dask's periodic background
-    work is thinned out (:data:`QUIET`) in the workers and in this process (scheduler, nannies); ``quiet=False``
-    keeps Dask's defaults (benchmarks/background.py compares the two). Its scheduler does not steal work
-    (:data:`NO_STEALING`): tasks stay on the worker the engine pins them to."""
+def local_cluster(workers: int, memory_limit, silence_logs: int = logging.ERROR, quiet: bool = True,
+                  threads: int = 1):
+    """A LocalCluster of ``workers`` processes with ``threads`` threads each (one unless asked), scheduler and dashboard
+    on 127.0.0.1 only, and no pause: a Dask worker pauses (runs nothing) while its process uses more than 80% of
+    ``memory_limit`` and resumes when that falls, but a sparsepipe worker's memory is its own working arrays, module
+    caches and pages the allocator keeps, which pausing does not free, so a paused worker waited forever, silently
+    (measured: a worker holding 250 MB of a 400 MB limit ran no task for as long as it was watched). Without the pause a
+    worker past the limit is restarted by its nanny (95%), and one that keeps dying stops the run with the engine's
+    WorkerMemoryError; Dask's spilling of stored results (60–70%) stays on. Dask's periodic background work is thinned
+    out (:data:`QUIET`) in the workers and in this process (scheduler, nannies); ``quiet=False`` keeps Dask's defaults
+    (benchmarks/background.py compares the two). Its scheduler does not steal work (:data:`NO_STEALING`): tasks stay on
+    the worker the engine pins them to."""
     import dask
     from distributed import LocalCluster
 
