@@ -16,9 +16,10 @@ def ingest(
     block_mb: float = typer.Option(64.0, min=0.001, help="Target text size of one block / Dask task, in MiB."),
     holdout: float = typer.Option(0.1, min=0.0, max=0.99, help="Fraction of the new blocks held out for evaluation."),
     seed: int = typer.Option(0, help="Seed choosing the holdout blocks."),
-    workers: Optional[int] = typer.Option(None, min=1, help="Worker processes of an embedded LocalCluster, "
-                                                             "each parsing two blocks at once (default: two threads "
-                                                             "per core in this process)."),
+    workers: Optional[int] = typer.Option(None, min=1, help="Worker processes of an embedded LocalCluster "
+                                                             "(default: threads of this process). Each parses two "
+                                                             "blocks at once (or each core, in this process) when the "
+                                                             "inputs are larger than a quarter of the memory."),
     scheduler: Optional[str] = typer.Option(None, help="Join an existing Dask scheduler (tcp://host:8786) "
                                                        "instead of starting a local cluster."),
     n_features: Optional[int] = typer.Option(None, min=1, help="Declared width; an index beyond it is an error."),

@@ -78,11 +78,15 @@ def test_round_trip_equals_sklearn(rel, tmp, client):
     assert_stats_of_training_rows(st)
 
 
-def test_store_identical_whatever_runs_the_parse_tasks(tmp, client):
+def test_store_identical_whatever_runs_the_parse_tasks(tmp, client, monkeypatch):
     """The test cluster's two one-thread workers, one worker process running two parse tasks at once
-    (``PARSE_TASKS_PER_CORE``), and this process's threads (two per core): the same arrays, checksums and holdout."""
+    (``PARSE_TASKS_PER_CORE``, as for an input too large for the page cache: forced here), and this process's threads
+    (two per core): the same arrays, checksums and holdout."""
+    import pipeline.ingest as ing
+
     f = data_file("news20_binary/news20_binary.svm")
     ingest([str(f)], str(tmp / "a"), IngestOptions(block_mb=0.5), client=client)
+    monkeypatch.setattr(ing, "DROP_CACHED_SHARE", 0.0)
     ingest([str(f)], str(tmp / "b"), IngestOptions(block_mb=0.5), workers=1)
     ingest([str(f)], str(tmp / "c"), IngestOptions(block_mb=0.5))
     a = all_arrays(tmp / "a")
