@@ -264,7 +264,7 @@ def _map_range(f, lo: int, n: int) -> np.ndarray | None:
     if n <= 0:
         return np.zeros(0, np.uint8)
     a = lo - lo % mmap.ALLOCATIONGRANULARITY
-    _advise(fd, a, lo + n - a, "POSIX_FADV_WILLNEED")  # the whole range's reads in flight, not a window at a time
+    _advise(f, a, lo + n - a, "POSIX_FADV_WILLNEED")  # the whole range's reads in flight, not a window at a time
     try:
         m = mmap.mmap(fd, lo + n - a, flags=mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0),
                       prot=mmap.PROT_READ, offset=a)
@@ -354,11 +354,8 @@ def _uncacheable(size: int) -> bool:
 def _drop_cached(f, start: int, end: int, size: int) -> None:
     """Tell the kernel the bytes [start, end) of the input ``f`` will not be read again (local files larger than
     :data:`DROP_CACHED_SHARE` of the physical memory only; nothing elsewhere)."""
-    try:
-        if _uncacheable(size):
-            _advise(f.fileno(), start, end - start, "POSIX_FADV_DONTNEED")
-    except (AttributeError, OSError, ValueError, io.UnsupportedOperation):
-        pass
+    if _uncacheable(size):
+        _advise(f, start, end - start, "POSIX_FADV_DONTNEED")
 
 
 READ_AHEAD_RANGES = 2
@@ -382,20 +379,18 @@ against 39.7–41.3 s (and one at 51.6 s); in this process (no `--workers`) 35.0
 def _read_ahead(f, end: int, span: int, size: int) -> None:
     """Ask the kernel to start reading the :data:`READ_AHEAD_RANGES` ranges of ``span`` bytes after ``end`` of
     the input ``f`` (local files; a hint, nothing elsewhere)."""
-    try:
-        _advise(f.fileno(), end, min(size, end + READ_AHEAD_RANGES * span) - end, "POSIX_FADV_WILLNEED")
-    except (AttributeError, OSError, ValueError, io.UnsupportedOperation):
-        pass
+    _advise(f, end, min(size, end + READ_AHEAD_RANGES * span) - end, "POSIX_FADV_WILLNEED")
 
 
-def _advise(fd: int, lo: int, n: int, advice: str) -> None:
-    """``posix_fadvise(fd, lo, n, os.<advice>)`` where the platform has it; a hint, so a refusal is ignored."""
+def _advise(f, lo: int, n: int, advice: str) -> None:
+    """``posix_fadvise(f.fileno(), lo, n, os.<advice>)`` for a local file where the platform has it; a hint, so a
+    stream without a descriptor (fsspec, compressed) or a refusal is ignored."""
     advise = getattr(os, "posix_fadvise", None)
     if advise is None or n <= 0:
         return
     try:
-        advise(fd, lo, n, getattr(os, advice))
-    except (OSError, ValueError):
+        advise(f.fileno(), lo, n, getattr(os, advice))
+    except (AttributeError, OSError, ValueError, io.UnsupportedOperation):
         pass
 
 
@@ -612,10 +607,11 @@ def ingest(inputs: list[str], out: str, options: IngestOptions | None = None, *,
                 hold = set(_choose_holdout([t.keys[0] for t in tasks], o.holdout, o.seed, generation))
                 for t in tasks:
                     t.stats = t.keys[0] not in hold
-            per_core = PARSE_TASKS_PER_CORE if _uncacheable(sum(s["size"] for s in sources)) else 1
-            with dask_client(workers, scheduler, client, threads=per_core) as c:
+            total = sum(s["size"] for s in sources)
+            with dask_client(workers, scheduler, client,
+                             threads=PARSE_TASKS_PER_CORE if _uncacheable(total) else 1) as c:
                 t_ready = time.time()
-                results = _run_tasks(c, root, tasks, o, sum(s["size"] for s in sources), progress)
+                results = _run_tasks(c, root, tasks, o, total, progress)
                 summary = _commit(c, root, out, old, sources, tasks, results, o, generation, t_ready)
                 summary["startup_seconds"] = round(t_ready - t0, 3)
         except BaseException as e:
