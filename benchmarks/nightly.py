@@ -4,12 +4,18 @@ cost of the warm-started night against retraining from scratch on the same windo
     python -m benchmarks.nightly --mb-per-night 300            # the lead's size (a few hundred MB a night)
     python -m benchmarks.nightly --mb-per-night 20 --nights 3  # a quick check
 
-Each night is `synth --model-seed 7 --seed NIGHT` (one concept, a new sample per night). The job trains TG
-(`--passes` per night, warm-started / resumed from production) on the whole window and evaluates candidate and
-production on the newest night's holdout blocks. From night 2 on, a scratch model is trained pass by pass on
-the same window's training blocks until its error on the same evaluation blocks is at most the warm
-candidate's (or `--max-scratch-passes`); ratio = scratch training seconds / the warm night's training seconds
-(its per-pass checkpoint writes reported apart; > 1: the warm start saves that factor).
+Each night is `synth --model-seed 7 --seed NIGHT` (one concept, a new sample per night). The job trains what
+the shipped job (configs/nightly.toml) trains: `--algo` (default: the default algorithm, stsgd) with that
+algorithm's defaults and its default refit, `--passes` per night (2, as shipped), warm-started / resumed from
+production, on the whole window, and evaluates candidate and production on the newest night's holdout blocks.
+`--algo tg --eta 0.5 --gravity 1e-6 --scale none` is the run of the first version of this benchmark.
+
+From night 2 on, a scratch model is trained on the same window's training blocks, pass by pass (each pass
+resumes the previous one exactly), until its error on the same evaluation blocks is at most the warm
+candidate's (or `--max-scratch-passes`); with the refit on, each pass's learner is refitted as the job refits
+and the refitted model is the one evaluated. scratch_train_s = the learner's seconds through that pass + the
+last refit's (what a k-pass `train` from scratch costs); ratio = scratch_train_s / the warm night's training
+seconds (refit included, its per-pass checkpoint writes reported apart; > 1: the warm start saves that factor).
 """
 from __future__ import annotations
 
@@ -24,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.common import out_dir, report  # noqa: E402
 
-BYTES_PER_NNZ = 14.5  # synth's text: "index:value " at webspam width, measured
+BYTES_PER_NNZ = 18.8  # synth's text at webspam width: 24,374.9 MB for 1,295,940,050 non-zeros (350k rows)
 
 
 def main(argv=None):
@@ -36,14 +42,20 @@ def main(argv=None):
     ap.add_argument("--passes", type=int, default=2, help="passes per night (warm-started)")
     ap.add_argument("--workers", type=int, default=min(4, os.cpu_count() or 1), help="0: train in this process")
     ap.add_argument("--block-mb", type=float, default=16.0)
-    ap.add_argument("--eta", type=float, default=0.5)
-    ap.add_argument("--gravity", type=float, default=1e-6)
+    ap.add_argument("--algo", default=None, help="default: the default algorithm (the shipped job's)")
+    ap.add_argument("--eta", type=float, default=None, help="default: the algorithm's")
+    ap.add_argument("--gravity", type=float, default=None, help="tg/sgd; default: the algorithm's")
+    ap.add_argument("--scale", default=None, help="'data' or 'none'; default: the algorithm's")
+    ap.add_argument("--refit", default=None, action=argparse.BooleanOptionalAction,
+                    help="refit the candidate (default: the algorithm's default, as the job does)")
     ap.add_argument("--max-scratch-passes", type=int, default=20)
     ap.add_argument("--work", default=None, help="work folder (default bench-out/nightly-work; removed first)")
     ap.add_argument("--keep", action="store_true", help="keep the work folder")
     a = ap.parse_args(argv)
 
+    from pipeline.algorithms import DEFAULT_ALGO
     from pipeline.evaluate import evaluate_store
+    from pipeline.refit import refit_by_default
     from pipeline.registry import open_registry
     from pipeline.retrain import load_job, run_job
     from pipeline.store.reader import open_store
@@ -54,16 +66,19 @@ def main(argv=None):
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
     rows = max(20, int(a.mb_per_night * 1e6 / (a.nnz_per_row * BYTES_PER_NNZ)))
+    algo = a.algo or DEFAULT_ALGO
+    a.refit = refit_by_default(algo) if a.refit is None else a.refit
+    hyper = "".join(f"{k} = {v!r}\n".replace("'", '"') for k, v in
+                    (("eta", a.eta), ("gravity", a.gravity), ("scale", a.scale)) if v is not None)
     job = work / "job.toml"
     job.write_text(f"""store = "{work}/store.zarr"
 registry = "{work}/models"
 [train]
-algo = "tg"
+algo = "{algo}"
 passes = {a.passes}
 workers = {a.workers}
-eta = {a.eta}
-gravity = {a.gravity}
-scale = "none"
+{hyper}[refit]
+enabled = {str(a.refit).lower()}
 [gate]
 metric = "error"
 max_change = 0.005
@@ -85,8 +100,10 @@ keep = 10
         if code != 0:
             raise SystemExit(f"night {night}: exit {code}: {res.get('reason') or res.get('error')}")
         secs = res["seconds"]
+        cand = res["candidate"]
         row = {"night": night, "mb": round(s["bytes"] / 1e6, 1), "rows": s["rows"], "decision": res["decision"],
-               "error": res["candidate"]["metrics"].get("error"),
+               "error": cand["metrics"].get("error"), "nnz": cand["nnz"],
+               "refit_s": (cand.get("refit") or {}).get("seconds"),
                "prod_error": (res["production"]["metrics"] or {}).get("error"),
                **{f"{k}_s": secs.get(k, 0.0) for k in ("append", "validate", "train", "evaluate", "promote",
                                                        "retention", "total")}}
@@ -96,20 +113,23 @@ keep = 10
         nights.append({"night": night, "synth_seconds": round(synth_s, 3), "result": res, **row})
         print(f"night {night}: " + ", ".join(f"{k} {v}" for k, v in row.items()), flush=True)
     ratios = [r["scratch_over_warm"] for r in table if r.get("scratch_over_warm")]
-    summary = {"mb_per_night": a.mb_per_night, "rows_per_night": rows, "features": a.features,
+    summary = {"algo": algo, "refit": a.refit, "job": job.read_text(), "mb_per_night": a.mb_per_night,
+               "rows_per_night": rows, "features": a.features,
                "nnz_per_row": a.nnz_per_row, "passes_per_night": a.passes, "workers": a.workers,
                "median_scratch_over_warm": sorted(ratios)[len(ratios) // 2] if ratios else None,
                "nights": nights}
-    report("nightly", summary, table, ["night", "mb", "decision", "error", "prod_error", "append_s", "validate_s",
-                                        "train_s", "evaluate_s", "promote_s", "retention_s", "total_s",
+    report("nightly", summary, table, ["night", "mb", "decision", "error", "nnz", "prod_error", "append_s",
+                                        "validate_s", "train_s", "refit_s", "evaluate_s", "promote_s", "retention_s", "total_s",
                                         "warm_fit_s", "checkpoint_s", "scratch_passes", "scratch_error", "scratch_train_s", "scratch_over_warm"])
     if not a.keep:
         shutil.rmtree(work, ignore_errors=True)
 
 
 def _scratch(cfg, res, a, fit, evaluate_store, open_store, open_registry):
-    """Train from scratch on the night's window, pass by pass, until the warm candidate's holdout error."""
+    """Train from scratch on the night's window, pass by pass (refitting each pass's learner when the job refits),
+    until the warm candidate's holdout error."""
     from pipeline.cluster import dask_client
+    from pipeline.refit import refit
 
     st = open_store(cfg.store)
     window = res["window"]["generations"]
@@ -117,18 +137,24 @@ def _scratch(cfg, res, a, fit, evaluate_store, open_store, open_registry):
     eval_keys = st.keys("holdout", res["window"]["evaluation_generations"])
     target = res["candidate"]["metrics"]["error"]
     paths = res["candidate"]["paths"]
-    t_train, model, err, k = 0.0, None, None, 0
+    t_learn, t_refit, model, err, k = 0.0, 0.0, None, None, 0
+    opts = {k: v for k, v in cfg.refit.items() if k != "enabled"}
     with dask_client(a.workers) if a.workers else _null() as client:
         for k in range(1, a.max_scratch_passes + 1):
             t0 = time.time()
-            model = fit(st.path, "tg", cfg.hyper(), passes=1, paths=paths, seed=0, client=client, init_model=model,
-                        evaluate=False, blocks=train_keys)
-            t_train += time.time() - t0  # training only, as the warm night's train step (which also checkpoints)
-            err = evaluate_store(model, st.path, "holdout", client, blocks=eval_keys)["error"]
+            model = fit(st.path, cfg.algo, cfg.hyper(), passes=1, paths=paths, seed=0, client=client,
+                        init_model=model, evaluate=False, blocks=train_keys)
+            t_learn += time.time() - t0  # training only, as the warm night's train step (which also checkpoints)
+            t0 = time.time()
+            final = refit(model, st.path, client=client, blocks=train_keys, **opts) if a.refit else model
+            t_refit = time.time() - t0  # a k-pass run refits once: the last refit's seconds count
+            err = evaluate_store(final, st.path, "holdout", client, blocks=eval_keys)["error"]
             if err <= target:
                 break
-    warm = res["candidate"]["fit_seconds"]  # the warm night's training, without its per-pass checkpoints
-    return {"warm_fit_s": warm, "checkpoint_s": res["candidate"]["checkpoint_seconds"], "scratch_passes": k,
+    t_train = t_learn + t_refit
+    cand = res["candidate"]  # the warm night's training (refit included), without its per-pass checkpoints
+    warm = cand["fit_seconds"] + ((cand.get("refit") or {}).get("seconds") or 0.0)
+    return {"warm_fit_s": round(warm, 3), "checkpoint_s": cand["checkpoint_seconds"], "scratch_passes": k,
             "scratch_error": err, "scratch_reached": err <= target, "scratch_train_s": round(t_train, 3),
             "scratch_over_warm": round(t_train / warm, 3) if warm else None}
 

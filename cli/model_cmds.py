@@ -49,7 +49,8 @@ def train(
     store: Path = typer.Argument(..., help="Store made by `sparsepipe ingest`."),
     out: Path = typer.Option(..., "--out", "-o", help="Model file to write (.npz, no pickle)."),
     init_model: Optional[Path] = typer.Option(None, help="Resume (same algo/params/paths/seed) or warm-start "
-                                                         "from this model."),
+                                                         "from this model (a refitted model: from its sparse "
+                                                         "learner's weights, which the file keeps)."),
     record_path: Optional[Path] = typer.Option(None, help="Write (stage, pass, density, holdout metrics) after "
                                                           "every pass/stage to this JSON-lines file."),
     as_json: bool = typer.Option(False, "--json", help="Print a JSON summary (and, when stderr is not a "

@@ -7,6 +7,9 @@ File layout (an .npz zip, deflate level 1; load with ``allow_pickle=False``)::
     state/shared/<key>          arrays identical on every path (e.g. TG's mixed weights)
     state/path<m>/<key>         per-path optimiser state (step counters, cursors, ...)
     state/global/<key>          algorithm-level state (stable set, gravity, ...)
+    learner/coef_indices, learner/coef_values, learner/bias
+                                a refitted model's sparse learner: the weights the refit started from, which a
+                                warm start starts from (:meth:`Model.warm_weights`)
 
 Written to a temporary name and renamed, so a killed save leaves the previous file.
 """
@@ -31,6 +34,7 @@ class Model:
     meta: dict = field(default_factory=dict)
     states: list | None = None      # per-path optimiser state (dicts of arrays), for exact resume
     gstate: dict | None = None
+    learner: tuple | None = None    # a refitted model's sparse learner: (coef_indices, coef_values, bias)
 
     @classmethod
     def from_dense(cls, w: np.ndarray, bias: float, **kw) -> "Model":
@@ -63,10 +67,18 @@ class Model:
                 (f", optimiser state of {len(self.states)} path(s)" if self.states else "") + ")")
 
     def dense_weights(self, n_features: int | None = None) -> np.ndarray:
-        w = np.zeros(n_features or self.n_features, dtype=np.float64)
-        keep = self.coef_indices < w.shape[0]
-        w[self.coef_indices[keep]] = self.coef_values[keep]
-        return w
+        return _dense(self.coef_indices, self.coef_values, n_features or self.n_features)
+
+    def warm_weights(self, n_features: int | None = None) -> tuple[np.ndarray, float]:
+        """(dense weights, bias) that a run warm-started from this model starts from: the sparse learner's for a
+        refitted model (:attr:`learner`), else the model's own. A refit's weights are unshrunk and fit the rows
+        they were refitted on closely, so a learner started from them sees small gradients off their support:
+        night after night the nightly job's stsgd learner kept fewer columns (360k, 90k, 39k, 15k, 6k) and its
+        refit could only choose among them (docs/results.md, "Nightly retraining")."""
+        if self.learner is None:
+            return self.dense_weights(n_features), self.bias
+        idx, val, bias = self.learner
+        return _dense(idx, val, n_features or self.n_features), float(bias)
 
     def decision_function(self, X) -> np.ndarray:
         """w·x + b for each row of a scipy.sparse matrix or dense array; columns beyond the model are ignored."""
@@ -101,11 +113,24 @@ class Model:
                         arrays[f"state/path{m}/{k}"] = v
         for k, v in (self.gstate or {}).items():
             arrays[f"state/global/{k}"] = np.asarray(v)
+        if self.learner is not None:
+            idx, val, bias = self.learner
+            arrays.update({"learner/coef_indices": np.asarray(idx, dtype=np.int64),
+                           "learner/coef_values": np.asarray(val, dtype=np.float64),
+                           "learner/bias": np.array([bias], dtype=np.float64)})
         arrays["meta"] = np.frombuffer(json.dumps(meta, default=json_default).encode(), dtype=np.uint8)
         from pipeline.atomic import write_atomically
 
         write_atomically(path, lambda f: _savez(f, arrays), suffix=".npz")
         return path
+
+
+def _dense(idx: np.ndarray, val: np.ndarray, n: int) -> np.ndarray:
+    """float64[n] with val at idx; entries at or past n are left out."""
+    w = np.zeros(n, dtype=np.float64)
+    keep = idx < n
+    w[idx[keep]] = val[keep]
+    return w
 
 
 def _savez(f, arrays: dict) -> None:
@@ -181,6 +206,8 @@ def _load_model(path: str, state: bool = True) -> Model:
                 s.update(shared)  # one array for every path: a task copies what it changes (copy_state)
                 states.append(s)
         gstate = {k.split("/", 2)[2]: z[k] for k in z.files if state and k.startswith("state/global/")}
+        learner = ((z["learner/coef_indices"], z["learner/coef_values"], float(z["learner/bias"][0]))
+                   if state and "learner/bias" in z.files else None)
         n_features = int(meta.pop("n_features"))
         return Model(n_features, z["coef_indices"], z["coef_values"], float(z["bias"][0]), meta, states,
-                     gstate or None)
+                     gstate or None, learner)

@@ -33,7 +33,8 @@ evaluations, objective, gradient norm, seconds, support size, pre-refit holdout 
 is within S (no column outside S can become non-zero). It also keeps the sparse learner's optimiser state, which
 describes the online learner, not the refitted weights: ``--init-model`` of the same algorithm resumes the online
 learner exactly where it stopped (then refits again: "2 passes + 3 passes" equals "5 passes", refit included), any
-other warm-starts from the refitted weights.
+other warm start begins at the sparse learner's weights, which the refitted model keeps too (``Model.learner``,
+:meth:`pipeline.model.Model.warm_weights`).
 """
 from __future__ import annotations
 
@@ -1054,5 +1055,6 @@ def refit(model, store_path: str, client=None, l2: float = DEFAULT_L2, max_iter:
     }
     meta.pop("n_paths_saved", None)
     meta["holdout"] = None  # the sparse model's metrics are in meta["refit"]["holdout_before"]; fit() re-measures
+    learner = model.learner or (model.coef_indices, model.coef_values, float(model.bias))  # a refit of a refit: the first
     return Model(model.n_features, prob.support[keep], w[keep], bias, meta=meta, states=model.states,
-                 gstate=model.gstate)
+                 gstate=model.gstate, learner=learner)

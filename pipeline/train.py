@@ -79,7 +79,7 @@ def fit(store_path: str, algo: str = DEFAULT_ALGO, options: dict | None = None, 
         if same:
             init_states, init_gstate, resumed = init_model.states, init_model.gstate, True
         else:
-            warm = (init_model.dense_weights(), init_model.bias)
+            warm = init_model.warm_weights()  # a refitted model's: its sparse learner's weights
     t0 = time.time()
     res = train(st.path, algorithm, passes=passes, paths=paths, seed=seed, client=client,
                 init_states=init_states, init_gstate=init_gstate, warm=warm, placement=placement,
@@ -100,6 +100,7 @@ def fit(store_path: str, algo: str = DEFAULT_ALGO, options: dict | None = None, 
                        "blocks": sorted(blocks) if blocks is not None else None,
                        "init_model": init_model.meta.get("path") if init_model is not None else None,
                        "resumed": resumed, "after_stop": after_stop,
+                       "warm_from": None if warm is None else "learner" if init_model.learner is not None else "model",
                        "seconds": round(time.time() - t0, 3), "timing": res.timing,
                        "trained_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")},
         "history": _jsonable(res.history),

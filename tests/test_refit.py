@@ -645,10 +645,26 @@ def test_support_is_kept_metadata_recorded_and_learner_state_kept(small, tmp_pat
     for a, b in zip(back.states, model.states):  # the sparse learner's optimiser state, saved with the refit
         assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
     np.testing.assert_array_equal(back.coef_indices, r.coef_indices)
-    # as --init-model: the same algorithm resumes the learner; another warm-starts from the refitted weights
+    # the file keeps the weights the refit started from: the sparse learner's, also through a refit of the refit
+    for m in (back, refit(back, store, l1=0, max_iter=5)):
+        idx, val, bias = m.learner
+        np.testing.assert_array_equal(idx, model.coef_indices)
+        np.testing.assert_array_equal(val, model.coef_values)
+        assert bias == model.bias
+    assert load_model(tmp_path / "r.npz", state=False).learner is None  # scoring reads the weights only
+    # as --init-model: the same algorithm resumes the learner; another warm-starts from the learner's weights
     assert fit(store, "ftrl", FTRL, passes=1, paths=1, init_model=back, evaluate=False).meta["provenance"]["resumed"]
     warm = fit(store, "sgd", {}, passes=1, paths=1, init_model=back, evaluate=False)
-    assert not warm.meta["provenance"]["resumed"]
+    assert not warm.meta["provenance"]["resumed"] and warm.meta["provenance"]["warm_from"] == "learner"
+    from_learner = fit(store, "sgd", {}, passes=1, paths=1, init_model=model, evaluate=False)
+    assert from_learner.meta["provenance"]["warm_from"] == "model"
+    np.testing.assert_array_equal(warm.coef_values, from_learner.coef_values)
+    np.testing.assert_array_equal(warm.coef_indices, from_learner.coef_indices)
+    assert warm.bias == from_learner.bias
+    r_only = load_model(tmp_path / "r.npz")
+    r_only.learner = None  # a model without its learner (a file from before) warm-starts from its own weights
+    other = fit(store, "sgd", {}, passes=1, paths=1, init_model=r_only, evaluate=False)
+    assert not np.array_equal(other.dense_weights(), warm.dense_weights())
 
 
 def test_hinge_model_is_refitted_with_logistic_loss(small):

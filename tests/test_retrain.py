@@ -384,6 +384,7 @@ def test_refit_in_the_nightly_job(refit1, days, tmp_path):
     info = prod.meta["refit"]
     assert info["l1"] == 1e-3 and info["nnz"] == prod.nnz <= info["nnz_before"] and prod.states is not None
     assert res["candidate"]["refit"]["nnz"] == prod.nnz
+    assert prod.learner is not None and prod.learner[0].shape[0] == info["nnz_before"]  # a warm start's weights
     st = os.path.join(d, "store.zarr")
     assert res["candidate"]["metrics"]["error"] == pytest.approx(evaluate_store(prod, st, "holdout")["error"])
     code, again = _run(d, [days[1]])  # the same night again: a no-op reporting the earlier decision
