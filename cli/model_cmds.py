@@ -144,8 +144,9 @@ def train(
                  + f": its weights overflowed, so the model is not saved; a smaller step keeps them finite "
                  f"(`sparsepipe algorithms {name}` lists its step parameters)")
         if model.meta["provenance"].get("after_stop"):
+            whose = "its sparse learner's" if model.meta["provenance"].get("warm_from") == "learner" else "its"
             typer.echo(f"note: {init_model}'s training had ended by {name}'s stopping rule, so it is final; this "
-                       f"run warm-started from its weights instead of resuming it", err=True)
+                       f"run warm-started from {whose} weights instead of resuming it", err=True)
         if run.get("record_path"):  # first: a record that cannot be written leaves no model either
             _write_record(Path(run["record_path"]), model.meta["history"])
         model.save(out)
@@ -156,7 +157,8 @@ def train(
                "seconds": model.meta["provenance"]["seconds"], "nnz": model.nnz, "density": model.density,
                "n_features": model.n_features, "holdout": model.meta.get("holdout"),
                "nnz_per_s_kernel": tim["nnz_per_s_kernel"], "copy_over_kernel": tim["copy_over_kernel"],
-               "resumed": model.meta["provenance"]["resumed"], "stopped": model.meta.get("stopped")}
+               "resumed": model.meta["provenance"]["resumed"], "warm_from": model.meta["provenance"].get("warm_from"),
+               "stopped": model.meta.get("stopped")}
     if model.meta.get("refit"):
         summary["refit"] = {k: model.meta["refit"].get(k) for k in _REFIT_SUMMARY}
     if as_json:

@@ -779,6 +779,11 @@ def test_cli_train_refit_end_to_end(small, tmp_path):
     assert summary["refit"]["holdout_before"]["n_rows"] == m.meta["holdout"]["n_rows"]
     assert m.meta["refit"]["l2"] == 1e-4 and m.states is not None
     assert summary["refit"]["l1"] > 0 and summary["refit"]["nnz_before"] >= m.nnz
+    # --init-model with another algorithm warm-starts from the refitted model's sparse learner, and says so
+    rw = CliRunner().invoke(app, ["train", store, "--out", str(tmp_path / "w0.npz"), "--algo", "sgd", "--passes", "1",
+                                  "--init-model", str(out), "--json"])
+    assert rw.exit_code == 0, rw.output
+    assert json.loads(rw.stdout[rw.stdout.index("{"):])["warm_from"] == "learner"
     r2 = CliRunner().invoke(app, ["train", store, "--out", str(tmp_path / "x.npz"), "--algo", "tg", "--refit-l2",
                                   "1e-3"])
     assert r2.exit_code == 2 and "--refit" in r2.output
