@@ -53,9 +53,7 @@ def main(argv=None):
     ap.add_argument("--keep", action="store_true", help="keep the work folder")
     a = ap.parse_args(argv)
 
-    from pipeline.algorithms import DEFAULT_ALGO
     from pipeline.evaluate import evaluate_store
-    from pipeline.refit import refit_by_default
     from pipeline.registry import open_registry
     from pipeline.retrain import load_job, run_job
     from pipeline.store.reader import open_store
@@ -66,19 +64,16 @@ def main(argv=None):
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
     rows = max(20, int(a.mb_per_night * 1e6 / (a.nnz_per_row * BYTES_PER_NNZ)))
-    algo = a.algo or DEFAULT_ALGO
-    a.refit = refit_by_default(algo) if a.refit is None else a.refit
     hyper = "".join(f"{k} = {v!r}\n".replace("'", '"') for k, v in
-                    (("eta", a.eta), ("gravity", a.gravity), ("scale", a.scale)) if v is not None)
+                    (("algo", a.algo), ("eta", a.eta), ("gravity", a.gravity), ("scale", a.scale)) if v is not None)
     job = work / "job.toml"
     job.write_text(f"""store = "{work}/store.zarr"
 registry = "{work}/models"
 [train]
-algo = "{algo}"
 passes = {a.passes}
 workers = {a.workers}
 {hyper}[refit]
-enabled = {str(a.refit).lower()}
+{"" if a.refit is None else f"enabled = {str(a.refit).lower()}"}
 [gate]
 metric = "error"
 max_change = 0.005
@@ -113,7 +108,7 @@ keep = 10
         nights.append({"night": night, "synth_seconds": round(synth_s, 3), "result": res, **row})
         print(f"night {night}: " + ", ".join(f"{k} {v}" for k, v in row.items()), flush=True)
     ratios = [r["scratch_over_warm"] for r in table if r.get("scratch_over_warm")]
-    summary = {"algo": algo, "refit": a.refit, "job": job.read_text(), "mb_per_night": a.mb_per_night,
+    summary = {"algo": cfg.algo, "refit": cfg.refits, "job": job.read_text(), "mb_per_night": a.mb_per_night,
                "rows_per_night": rows, "features": a.features,
                "nnz_per_row": a.nnz_per_row, "passes_per_night": a.passes, "workers": a.workers,
                "median_scratch_over_warm": sorted(ratios)[len(ratios) // 2] if ratios else None,
@@ -138,7 +133,6 @@ def _scratch(cfg, res, a, fit, evaluate_store, open_store, open_registry):
     target = res["candidate"]["metrics"]["error"]
     paths = res["candidate"]["paths"]
     t_learn, t_refit, model, err, k = 0.0, 0.0, None, None, 0
-    opts = {k: v for k, v in cfg.refit.items() if k != "enabled"}
     with dask_client(a.workers) if a.workers else _null() as client:
         for k in range(1, a.max_scratch_passes + 1):
             t0 = time.time()
@@ -146,7 +140,8 @@ def _scratch(cfg, res, a, fit, evaluate_store, open_store, open_registry):
                         init_model=model, evaluate=False, blocks=train_keys)
             t_learn += time.time() - t0  # training only, as the warm night's train step (which also checkpoints)
             t0 = time.time()
-            final = refit(model, st.path, client=client, blocks=train_keys, **opts) if a.refit else model
+            final = refit(model, st.path, client=client, blocks=train_keys, **cfg.refit_options()) if cfg.refits \
+                else model
             t_refit = time.time() - t0  # a k-pass run refits once: the last refit's seconds count
             err = evaluate_store(final, st.path, "holdout", client, blocks=eval_keys)["error"]
             if err <= target:

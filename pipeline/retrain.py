@@ -122,6 +122,17 @@ class JobConfig:
     def hyper(self) -> dict:
         return {k: v for k, v in self.train.items() if k not in TRAIN_RUN_KEYS}
 
+    @property
+    def refits(self) -> bool:
+        """Whether the job refits its candidate: ``[refit] enabled``, by default `train`'s rule for the algorithm."""
+        from pipeline.refit import refit_by_default
+
+        return bool(self.refit.get("enabled", refit_by_default(self.algo)))
+
+    def refit_options(self) -> dict:
+        """``[refit]``'s keywords for :func:`pipeline.refit.refit`."""
+        return {k: v for k, v in self.refit.items() if k != "enabled"}
+
 
 SECTIONS = {"train", "gate", "window", "retention", "validation", "ingest", "refit"}
 REFIT_KEYS = {"enabled": bool, "l1": (str, int, float), "l2": (int, float), "max_iter": int, "relax": bool,
@@ -555,13 +566,12 @@ def _run_locked(cfg, reg, lock, clients, new_inputs, force, steps, t_all, say):
 
         production = load_model(reg.model_file(parent))
     candidate, tinfo = _train(cfg, reg, run, st, train_keys, production, clients, say)
-    from pipeline.refit import refit, refit_by_default
+    from pipeline.refit import refit
 
     # deterministic: a re-run after a kill refits the checkpoint again, identically
-    if cfg.refit.get("enabled", refit_by_default(cfg.algo)):
+    if cfg.refits:
         candidate = refit(candidate, st.path, client=clients.train_client(), blocks=train_keys,
-                          progress=lambda n: fault("during_refit"),
-                          **{k: v for k, v in cfg.refit.items() if k != "enabled"})
+                          progress=lambda n: fault("during_refit"), **cfg.refit_options())
         r = candidate.meta["refit"]
         tinfo.update(refit={k: r[k] for k in ("l1", "l2", "nnz_before", "nnz", "iterations", "seconds")},
                      nnz=candidate.nnz, density=candidate.density)
