@@ -355,7 +355,10 @@ def test_to_dask_matmul_and_reader_api(tmp, client):
     st = open_store(tmp / "s")
     Xr, yr = load_svmlight_file(str(f), n_features=st.n_features)
     w = np.random.default_rng(0).normal(size=st.n_features)
-    got = (st.to_dask() @ w).compute(scheduler="sync")
+    x = st.to_dask()
+    import sparse
+    assert isinstance(x._meta, sparse.GCXS) and isinstance(x.blocks[0].compute(scheduler="sync"), sparse.GCXS)
+    got = (x @ w).compute(scheduler="sync")
     np.testing.assert_allclose(got, Xr.astype(np.float32) @ w, rtol=1e-10)
     b = next(st.blocks("train"))
     assert b.X.shape[1] == st.n_features and b.indptr.dtype == np.int64 and b.indices.dtype == np.int32

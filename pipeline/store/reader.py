@@ -238,10 +238,12 @@ class Store:
         import sparse
 
         p = self.n_features
+        # the chunks' type and dtype; zero-sized in both axes, as dask's metas are: dask slices a meta to
+        # [0:0, 0:0], and on a (0, p) GCXS that compiles ~10 s of pydata-sparse's numba code in every new process
+        meta = sparse.GCXS.from_numpy(np.zeros((0, 0), dtype=self.data_dtype))
         parts = []
         for e in self.entries(split):
             d = dask.delayed(_gcxs)(self.block(e))
-            meta = sparse.GCXS.from_numpy(np.zeros((0, p), dtype=np.dtype(self.manifest["data_dtype"])))
             parts.append(da.from_delayed(d, shape=(e["rows"], p), dtype=meta.dtype, meta=meta))
         return da.concatenate(parts, axis=0) if parts else da.zeros((0, p))
 
