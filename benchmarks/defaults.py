@@ -1,7 +1,7 @@
 """Defaults study (issue 12 §4): do stsgd's and ftrl's defaults hold on every small real set?
 
 Run: ``python -m benchmarks.defaults [--sets dexter,a9a] [--losses logistic,hinge]``. Serial, one process,
-every fit in-process (``client=None``), 3 passes, 1 path, seed 0.
+every fit in-process (``client=None``), 3 passes (``--passes``), 1 path, seed 0.
 
 Data: every train/test pair in ../shared/data (README there). The training file is ingested into a store
 (16 blocks, so the shuffle window and the block holdout have something to work with) and the test file into
@@ -371,13 +371,14 @@ def main(argv=None):
     ap.add_argument("--name", default="defaults")
     ap.add_argument("--train-seed", type=int, default=SEED,
                     help="seed of our algorithms' block and row orders only (same stores, holdouts, LIBLINEAR)")
+    ap.add_argument("--passes", type=int, default=3, help="passes of every fit of ours (the study's: 3)")
     ap.add_argument("--penalty-units", nargs="*", metavar="STORE:C",
                     help="only report each set's best penalty in three units (plus these stores at their best C)")
     a = ap.parse_args(argv)
     if a.penalty_units is not None:
         return penalty_report([s for s in a.sets.split(",") if s], a.penalty_units)
-    global TRAIN_SEED
-    TRAIN_SEED = a.train_seed
+    global TRAIN_SEED, PASSES
+    TRAIN_SEED, PASSES = a.train_seed, a.passes
     names = [s for s in a.sets.split(",") if s]
     losses = [s for s in a.losses.split(",") if s]
     c0, t0 = time.process_time(), time.perf_counter()

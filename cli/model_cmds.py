@@ -79,7 +79,7 @@ def train(
     from pipeline.cluster import dask_client, default_workers
     from pipeline.model import load_model
     from pipeline.refit import refit_by_default
-    from pipeline.train import fit
+    from pipeline.train import default_passes, fit
 
     t = training.resolve()
     name, opts, run = t.name, t.hyper, t.run
@@ -105,7 +105,6 @@ def train(
         init = load_model(init_model) if init_model else None
         if init is not None:
             init.meta["path"] = str(init_model)
-        bar = Progress("train", run.get("passes", 5))
 
         def progress(rec):
             h = rec.get("holdout") or {}
@@ -125,11 +124,13 @@ def train(
 
         refitting = refit_options(refit_by_default(name) if refit is None else refit, refit_l2, refit_iters,
                                   refit_l1, refit_kkt, refit_relax, refit_adaptive, refit_select)
+        passes = run.get("passes") or default_passes(refitting is not None)
+        bar = Progress("train", passes)
         if refitting is not None and bar.bar is not None:
             refitting["progress"] = lambda n: bar.update(info=f"refit on the support: {count(n, 'pass', 'passes')}")
         try:
             with dask_client(run.get("workers"), run.get("scheduler")) as client:  # neither: threads here
-                model = fit(str(store), name, opts, passes=run.get("passes", 5), paths=n_paths,
+                model = fit(str(store), name, opts, passes=passes, paths=n_paths,
                             seed=run.get("seed", 0), client=client, init_model=init,
                             placement=run.get("placement", "paths"), stage_blocks=run.get("stage_blocks", 0),
                             max_density=run.get("max_density"), evaluate_every=run.get("evaluate_every", 1),

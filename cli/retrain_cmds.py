@@ -30,7 +30,8 @@ def retrain(
     store: Optional[str] = typer.Option(None, help="Store (JOB.toml: store)."),
     registry: Optional[str] = typer.Option(None, help="Registry directory (JOB.toml: registry)."),
     algo: Optional[str] = typer.Option(None, help="\\[train] algo."),
-    passes: Optional[int] = typer.Option(None, min=1, help="\\[train] passes per night."),
+    passes: Optional[int] = typer.Option(None, min=1, help="\\[train] passes per night (default: 3 when the job "
+                                         "refits, else 5; the shipped nightly.toml: 2)."),
     workers: Optional[int] = typer.Option(None, min=0, help="\\[train] workers (0: train in this process)."),
     scheduler: Optional[str] = typer.Option(None, help="\\[train] scheduler: join an existing Dask cluster."),
     paths: Optional[int] = typer.Option(None, min=1, help="\\[train] paths."),

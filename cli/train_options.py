@@ -59,7 +59,8 @@ OPTIONS = [
     Opt("algo", Optional[str], "Algorithm: " + " | ".join(ALGORITHMS) + " (default stsgd). `sparsepipe algorithms "
         "[NAME]` describes each and its hyper-parameters.", kind="run"),
     Opt("loss", Optional[str], "logistic | hinge | squared (the algorithm's default otherwise)."),
-    Opt("passes", Optional[int], "Passes over the training blocks (default 5).", kind="run", min=1),
+    Opt("passes", Optional[int], "Passes over the training blocks (default: 3 when the model is refitted, as stsgd's "
+        "is by default: the learner only chooses the support; else 5).", kind="run", min=1),
     Opt("eta", Optional[float], "Learning rate; with scale \"data\" (stsgd's and tg's default) in units of "
                                  "1/E||x||^2, the store's mean squared row norm.", min=0.0),
     Opt("schedule", Optional[str], "constant | sqrt (eta/sqrt(t)) | invscaling (eta/t^power_t; sgd, tg, l1proj, "

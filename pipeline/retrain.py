@@ -659,11 +659,11 @@ def _train(cfg: JobConfig, reg, run, st, train_keys, production, clients, say):
     """Train the candidate pass by pass with a checkpoint after each (the run directory's checkpoint.npz);
     resume from it when present. Returns (model, info)."""
     from pipeline.model import ModelError, load_model
-    from pipeline.train import fit
+    from pipeline.train import default_passes, fit
 
     tr = cfg.train
     algo = cfg.algo
-    passes = int(tr.get("passes", 5))
+    passes = int(tr.get("passes", default_passes(cfg.refits)))
     seed = int(tr.get("seed", 0))
     workers = tr.get("workers")
     from pipeline.cluster import default_workers

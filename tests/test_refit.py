@@ -766,6 +766,21 @@ def test_fit_with_refit_reports_the_refitted_holdout_metrics(small, client):
     assert m.meta["refit"]["l2"] == 1e-5 and len(m.states) == 2
 
 
+def test_passes_default_to_three_when_the_model_is_refitted_else_five(small, tmp_path):
+    """`train` without --passes: 3 when the model is refitted (stsgd by default, any --refit), else 5; the library's
+    fit() the same; a given --passes wins."""
+    store, _ = small
+    runs = {"stsgd": ([], 3), "stsgd-own": (["--no-refit"], 5), "sgd": (["--algo", "sgd"], 5),
+            "sgd-refit": (["--algo", "sgd", "--refit", "--refit-l1", "0"], 3),
+            "given": (["--no-refit", "--passes", "2"], 2)}
+    for name, (extra, passes) in runs.items():
+        r = CliRunner().invoke(app, ["train", store, "--out", str(tmp_path / f"{name}.npz"), *extra])
+        assert r.exit_code == 0, r.output
+        assert load_model(tmp_path / f"{name}.npz").meta["passes"] == passes, name
+    assert fit(store, "sgd", evaluate=False).meta["passes"] == 5
+    assert fit(store, "sgd", evaluate=False, refit={"l1": 0.0}).meta["passes"] == 3
+
+
 def test_cli_train_refit_end_to_end(small, tmp_path):
     store, _ = small
     out = tmp_path / "m.npz"
