@@ -128,6 +128,12 @@ def train(
         bar = Progress("train", passes)
         if refitting is not None and bar.bar is not None:
             refitting["progress"] = lambda n: bar.update(info=f"refit on the support: {count(n, 'pass', 'passes')}")
+        elif refitting is not None:  # a log: a line every few seconds of a refit that may take minutes
+            from pipeline.refit import every_few_seconds
+
+            refitting["progress"] = every_few_seconds(lambda n, s: typer.echo(
+                json_line({"event": "refit", "passes": n, "seconds": round(s, 1)}) if as_json else
+                f"refit on the support: {count(n, 'pass', 'passes')} in {s:.1f}s", err=True))
         try:
             with dask_client(run.get("workers"), run.get("scheduler")) as client:  # neither: threads here
                 model = fit(str(store), name, opts, passes=passes, paths=n_paths,

@@ -781,6 +781,34 @@ def test_passes_default_to_three_when_the_model_is_refitted_else_five(small, tmp
     assert fit(store, "sgd", evaluate=False, refit={"l1": 0.0}).meta["passes"] == 3
 
 
+def test_a_logged_refit_reports_its_passes_every_few_seconds(small, tmp_path, monkeypatch):
+    """Not on a terminal, `train` reports a refit's progress on stderr (a JSON event with --json, else a line) at
+    most every PROGRESS_EVERY_S seconds; 0 here: every pass over the support."""
+    import pipeline.refit as R
+
+    store, _ = small
+    assert [c for c in _reports(3600.0, 5)] == [] and [n for n, _ in _reports(0.0, 5)] == [1, 2, 3, 4, 5]
+    monkeypatch.setattr(R, "PROGRESS_EVERY_S", 0.0)
+    r = CliRunner().invoke(app, ["train", store, "--out", str(tmp_path / "m.npz"), "--passes", "1", "--json"])
+    assert r.exit_code == 0, r.output
+    events = [e for e in map(json.loads, filter(lambda x: x.startswith("{"), r.stderr.splitlines()))
+              if e["event"] == "refit"]
+    assert [e["passes"] for e in events] == list(range(1, len(events) + 1))  # the final evaluation's pass too
+    assert len(events) >= load_model(tmp_path / "m.npz").meta["refit"]["evaluations"] > 1
+    r = CliRunner().invoke(app, ["train", store, "--out", str(tmp_path / "m.npz"), "--passes", "1"])
+    assert r.exit_code == 0 and "refit on the support: 1 pass in " in r.stderr, r.output
+
+
+def _reports(every: float, calls: int) -> list:
+    from pipeline.refit import every_few_seconds
+
+    got = []
+    progress = every_few_seconds(lambda n, s: got.append((n, s)), every)
+    for n in range(1, calls + 1):
+        progress(n)
+    return got
+
+
 def test_cli_train_refit_end_to_end(small, tmp_path):
     store, _ = small
     out = tmp_path / "m.npz"
