@@ -362,6 +362,7 @@ def table(sets: dict) -> list[dict]:
 
 
 def main(argv=None):
+    global TRAIN_SEED, PASSES
     from pipeline.algorithms.ftrl import FTRLParams
     from pipeline.algorithms.stsgd import STSGDParams
 
@@ -371,13 +372,12 @@ def main(argv=None):
     ap.add_argument("--name", default="defaults")
     ap.add_argument("--train-seed", type=int, default=SEED,
                     help="seed of our algorithms' block and row orders only (same stores, holdouts, LIBLINEAR)")
-    ap.add_argument("--passes", type=int, default=3, help="passes of every fit of ours (the study's: 3)")
+    ap.add_argument("--passes", type=int, default=PASSES, help=f"passes of every fit of ours (the study's: {PASSES})")
     ap.add_argument("--penalty-units", nargs="*", metavar="STORE:C",
                     help="only report each set's best penalty in three units (plus these stores at their best C)")
     a = ap.parse_args(argv)
     if a.penalty_units is not None:
         return penalty_report([s for s in a.sets.split(",") if s], a.penalty_units)
-    global TRAIN_SEED, PASSES
     TRAIN_SEED, PASSES = a.train_seed, a.passes
     names = [s for s in a.sets.split(",") if s]
     losses = [s for s in a.losses.split(",") if s]

@@ -571,8 +571,13 @@ def _run_locked(cfg, reg, lock, clients, new_inputs, force, steps, t_all, say):
     # deterministic: a re-run after a kill refits the checkpoint again, identically
     if cfg.refits:
         line = every_few_seconds(lambda n, s: say("train", f"refit: {n} passes over the support in {s:.0f}s"))
-        candidate = refit(candidate, st.path, client=clients.train_client(), blocks=train_keys,
-                          progress=lambda n: (fault("during_refit"), line(n)), **cfg.refit_options())
+
+        def progress(n):
+            fault("during_refit")
+            line(n)
+
+        candidate = refit(candidate, st.path, client=clients.train_client(), blocks=train_keys, progress=progress,
+                          **cfg.refit_options())
         r = candidate.meta["refit"]
         tinfo.update(refit={k: r[k] for k in ("l1", "l2", "nnz_before", "nnz", "iterations", "seconds")},
                      nnz=candidate.nnz, density=candidate.density)
