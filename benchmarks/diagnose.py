@@ -16,9 +16,16 @@ import time
 import numpy as np
 
 
-def load_truth(path: str):
+def load_truth(path: str, st=None):
+    """(true feature ids, their weights); with a store ``st``, the ids its blocks use (:mod:`pipeline.store.order`),
+    in the file's order."""
     z = np.load(path, allow_pickle=False)
-    return np.asarray(z["indices"], dtype=np.int64), np.asarray(z["values"], dtype=np.float64)
+    idx = np.asarray(z["indices"], dtype=np.int64)
+    if st is not None and st.feature_order:
+        from pipeline.store.order import ids_internal
+
+        idx = ids_internal(idx, st.order_maps[0])
+    return idx, np.asarray(z["values"], dtype=np.float64)
 
 
 def support_scores(w: np.ndarray, truth_idx: np.ndarray) -> dict:
@@ -41,8 +48,13 @@ def truth_columns(store: str, tidx: np.ndarray, split: str = "train"):
 
     from pipeline.store.reader import open_store
 
+    st = open_store(store)
+    if st.feature_order:  # the blocks' ids of the true columns
+        from pipeline.store.order import ids_internal
+
+        tidx = ids_internal(tidx, st.order_maps[0])
     parts, ys = [], []
-    for b in open_store(store).blocks(split):
+    for b in st.blocks(split):
         parts.append(b.X[:, tidx])
         ys.append(b.y)
     return sp.vstack(parts).tocsr(), np.concatenate(ys)
@@ -94,7 +106,7 @@ def diagnose(store: str, truth: str, algo: str, options: dict, passes: int, path
 
     st = open_store(store)
     p = st.n_features
-    tidx, tval = load_truth(truth)
+    tidx, tval = load_truth(truth, st)  # the engine's weights use the blocks' ids
     rank = frequency_ranks(np.asarray(st.feature_stats()["col_nnz"]))
     from pipeline.store.stats import calibrate
 

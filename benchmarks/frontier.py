@@ -57,12 +57,15 @@ def main(argv=None):
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--error-cap", type=float, default=0.10)
     a = ap.parse_args(argv)
-    tidx, _ = load_truth(a.truth)
-    truth = np.zeros(open_store(a.store).n_features, dtype=bool)
+    from pipeline.store.order import model_internal
+
+    st = open_store(a.store)  # everything in the blocks' ids: the refit's problems use them
+    tidx, _ = load_truth(a.truth, st)
+    truth = np.zeros(st.n_features, dtype=bool)
     truth[tidx] = True
-    m = load_model(a.model)
+    m = model_internal(load_model(a.model), st)
     sup = np.sort(np.asarray(m.coef_indices, dtype=np.int64))
-    Xho, yho = _matrix(a.store, "holdout")
+    Xho, yho = _matrix(a.store, "holdout", external=False)
     Xs = Xho[:, sup].tocsr()
     rows = sum(int(e["rows"]) for e in open_store(a.store).entries("train"))
     points = []

@@ -25,13 +25,17 @@ from benchmarks.common import algo_specs, l1_logistic, out_dir, report, spec_nam
 from benchmarks.diagnose import band_recall, load_truth, oracle_z, support_scores, truth_columns
 
 
-def _matrix(store: str, split: str):
+def _matrix(store: str, split: str, external: bool = True):
+    """(X, y) of a store's split; X in the input's feature ids (as the peers read the text and the truth names them)
+    unless ``external`` is False (the blocks' own ids)."""
     import scipy.sparse as sp
 
     from pipeline.store.reader import open_store
 
-    blocks = list(open_store(store).blocks(split))
-    return sp.vstack([b.X for b in blocks]).tocsr(), np.concatenate([b.y for b in blocks])
+    st = open_store(store)
+    blocks = list(st.blocks(split))
+    return (sp.vstack([st.external_X(b) if external else b.X for b in blocks]).tocsr(),
+            np.concatenate([b.y for b in blocks]))
 
 
 def _metrics(f, y):

@@ -86,14 +86,15 @@ def refit(
     from pipeline.cluster import dask_client
     from pipeline.model import load_model
     from pipeline.refit import fits_here, support_stats
+    from pipeline.store.order import model_external, model_internal
     from pipeline.store.reader import open_store
     from pipeline.train import refit_model
 
     options = refit_options(True, l2, iters, l1, kkt, relax, adaptive, select, l1_flag="--l1", select_flag="--select",
                             kkt_flag="--kkt", relax_flag="--relax", adaptive_flag="--no-adaptive")
     try:
-        m = load_model(model)
         st = open_store(str(store))
+        m = model_internal(load_model(model), st)  # the support in the blocks' ids (its statistics, its refit)
         prov = m.meta.get("provenance") or {}
         blocks = prov.get("blocks")  # a model trained on a window: the same rows
         if prov.get("store_id") and prov["store_id"] != st.manifest["store_id"]:
@@ -116,6 +117,7 @@ def refit(
                 r = refit_model(m, st, client, blocks, True, options)
         finally:
             bar.close()
+        r = model_external(r, st)
         r.meta["refit"]["input_model"] = str(model)
         r.save(out)
     except user_errors() as e:

@@ -98,11 +98,13 @@ def evaluate_store(model, store_path: str, split: str = "holdout", client=None, 
     restricts the split to those blocks (e.g. the newest generation's holdout); ``model`` may be a path."""
     from pipeline.engine import DaskExec, LocalExec, eval_task, tree
     from pipeline.model import load_model
+    from pipeline.store.order import model_internal
     from pipeline.store.reader import open_store
 
     if isinstance(model, (str, os.PathLike)):
         model = load_model(model, state=False)
     st = open_store(store_path)
+    model = model_internal(model, st)  # the blocks' ids
     entries = st.entries(split, blocks)
     if not entries:
         if blocks:

@@ -28,6 +28,7 @@ from pipeline import arena
 from pipeline.formats import libsvm
 from pipeline.store import checksum
 from pipeline.store import format as fmt
+from pipeline.store import order as forder
 from pipeline.store import stats
 
 COMPRESSIONS = {".gz": "gzip", ".bz2": "bz2", ".xz": "xz", ".zst": "zstd"}
@@ -52,6 +53,7 @@ class IngestOptions:
     on_invalid: str = "error"
     labels: str = "auto"
     dtype: str = "float32"
+    feature_order: str = "auto"
 
     def __post_init__(self):
         if not (self.block_mb > 0):
@@ -66,6 +68,8 @@ class IngestOptions:
             raise ValueError(f"labels must be one of {', '.join(LABEL_MODES)}; got {self.labels!r}")
         if self.dtype not in ("float32", "float64"):
             raise ValueError(f"dtype must be float32 or float64, got {self.dtype!r}")
+        if self.feature_order not in forder.ORDERS:
+            raise ValueError(f"feature_order must be one of {', '.join(forder.ORDERS)}, got {self.feature_order!r}")
 
     @property
     def label_pair(self):
@@ -311,14 +315,16 @@ def _write_block(root: str, res: dict) -> dict:
     return res
 
 
-def parse_task(root: str, task: Task, opts: dict) -> list[dict]:
-    """Dask task: parse one range (or a whole compressed stream) and write its block(s)."""
+def parse_task(root: str, task: Task, opts: dict, order: str | None = None) -> list[dict]:
+    """Dask task: parse one range (or a whole compressed stream) and write its block(s); ``order``: the digest of
+    the store's feature order (at ``root/features``), whose ids the blocks hold."""
     o = IngestOptions(**opts)
     fmt.one_codec_thread()
     skip = o.on_invalid == "skip"
     kw = dict(zero_based=o.zero_based, width=o.n_features if o.n_features else -1, skip_invalid=skip,
               label_pair=o.label_pair, index_dtype=np.int32, value_dtype=np.dtype(o.dtype), column_stats=task.stats,
-              reuse=True)  # each block is written before the next is parsed
+              reuse=True,  # each block is written before the next is parsed
+              relabel=forder.cached_maps(f"{root}/{forder.PATH}", order)[0] if order else None)
     if task.compression is None:
         with _open(task.path) as f:
             size = file_size(task.path)
@@ -422,6 +428,68 @@ def _stream_task(root: str, task: Task, o: IngestOptions, kw: dict) -> list[dict
                               f"nothing was committed") from None
         raise
     return out
+
+
+def sample_task(sources: list[dict], opts: dict) -> tuple[np.ndarray, int, int]:
+    """Dask task: (hot, bytes sampled, sampled width) of the inputs' feature ids for a feature order by frequency
+    (:mod:`pipeline.store.order`): ``SAMPLE_WINDOWS`` windows of whole lines spread evenly over the (uncompressed)
+    inputs, in proportion to their sizes. Lines that do not parse are left out here; the ingest reports them."""
+    o = IngestOptions(**opts)
+    total = sum(s["size"] for s in sources)
+    ids, done = [], 0
+    for src in sources:
+        n = max(1, round(forder.SAMPLE_WINDOWS * src["size"] / total)) if src["size"] else 0
+        win = forder.SAMPLE_BYTES // forder.SAMPLE_WINDOWS
+        if n * win >= src["size"]:  # the whole file
+            n, win = min(n, 1), src["size"]
+        with _open(src["path"]) as f:
+            for i in range(n):
+                lo = i * src["size"] // n
+                f.seek(lo)
+                buf = np.frombuffer(f.read(win), dtype=np.uint8)
+                first = 0 if lo == 0 else _first_newline(buf, 0) + 1  # whole lines only
+                if lo and not first:
+                    continue
+                if lo + buf.shape[0] >= src["size"]:
+                    end = buf.shape[0]
+                else:
+                    nl = np.flatnonzero(buf[first:] == 10)
+                    if not nl.shape[0]:
+                        continue
+                    end = first + int(nl[-1]) + 1
+                parsed = libsvm.parse_buffer(buf[first:end], zero_based=o.zero_based,
+                                             width=o.n_features if o.n_features else -1, skip_invalid=True)
+                ids.append(parsed.indices.copy())
+                done += end - first
+    ids = np.concatenate(ids) if ids else np.zeros(0, np.int64)
+    feature, counts = np.unique(ids, return_counts=True)
+    hot = feature[np.argsort(-counts, kind="stable")].astype(np.int32)
+    return hot, done, int(feature[-1]) + 1 if feature.shape[0] else 0
+
+
+def _choose_order(c, root: str, old: dict | None, sources: list[dict], o: IngestOptions) -> dict | None:
+    """The store's feature order: an append keeps the store's; a new store samples its inputs when ``o`` asks
+    (``frequency``) or when ``auto`` finds them large and wide (:data:`forder.ORDER_MIN_BYTES`,
+    :data:`forder.ORDER_MIN_WIDTH`), writes ``hot`` to ``root/features`` and returns the manifest's entry."""
+    if old is not None:
+        return old.get("feature_order")
+    if o.feature_order == "given" or not sources:
+        return None
+    plain = all(s["compression"] is None for s in sources)
+    if o.feature_order == "frequency" and not plain:
+        raise IngestError(f"{', '.join(s['path'] for s in sources if s['compression'])}: --feature-order frequency "
+                          f"samples its inputs before parsing them, which needs uncompressed files; decompress "
+                          f"them first or use --feature-order given")
+    total = sum(s["size"] for s in sources)
+    if o.feature_order == "auto" and (not plain or total < forder.ORDER_MIN_BYTES):
+        return None
+    hot, sampled, width = c.submit(sample_task, sources, asdict(o), pure=False).result()
+    if o.feature_order == "auto" and width < forder.ORDER_MIN_WIDTH or not hot.shape[0]:
+        return None
+    fmt.make_group(f"{root}/{forder.PATH}")
+    fmt.write_array(f"{root}/{forder.PATH}", "hot", hot)
+    return {"kind": "frequency", "path": forder.PATH, "hot": int(hot.shape[0]), "digest": forder.digest(hot),
+            "sample_bytes": int(sampled), "sample_width": int(width)}
 
 
 def _stats_groups(root: str, keys: list[str], base: str | None) -> list[str]:
@@ -611,8 +679,9 @@ def ingest(inputs: list[str], out: str, options: IngestOptions | None = None, *,
             with dask_client(workers, scheduler, client,
                              threads=PARSE_TASKS_PER_CORE if _uncacheable(total) else 1) as c:
                 t_ready = time.time()
-                results = _run_tasks(c, root, tasks, o, total, progress)
-                summary = _commit(c, root, out, old, sources, tasks, results, o, generation, t_ready)
+                order = _choose_order(c, root, old, sources, o)
+                results = _run_tasks(c, root, tasks, o, total, progress, order["digest"] if order else None)
+                summary = _commit(c, root, out, old, sources, tasks, results, o, generation, t_ready, order)
                 summary["startup_seconds"] = round(t_ready - t0, 3)
         except BaseException as e:
             if old is None:
@@ -635,16 +704,20 @@ def _check_append_options(out: str, old: dict, o: IngestOptions) -> None:
         flag = "with" if old.get("index_base", 1) == 0 else "without"
         raise IngestError(f"{out}: the store's feature indices are {old.get('index_base', 1)}-based; append "
                           f"{flag} --zero-based (these inputs were read as {base}-based)")
+    have = (old.get("feature_order") or {}).get("kind", "given")
+    if o.feature_order != "auto" and o.feature_order != have:
+        raise IngestError(f"{out}: the store's features are in {have} order (set by its first ingest); an append "
+                          f"keeps it: leave out --feature-order or give --feature-order {have}")
     if old.get("data_dtype", "float32") != o.dtype:
         raise IngestError(f"{out}: the store's values are {old.get('data_dtype')}; append with --dtype "
                           f"{old.get('data_dtype')} (got --dtype {o.dtype})")
 
 
-def _run_tasks(c, root, tasks, o, total_bytes, progress):
+def _run_tasks(c, root, tasks, o, total_bytes, progress, order=None):
     from pipeline.cluster import as_completed
 
     opts = asdict(o)
-    futs = [c.submit(parse_task, root, t, opts, key=f"parse-{t.keys[0]}-{uuid.uuid4().hex[:6]}", pure=False)
+    futs = [c.submit(parse_task, root, t, opts, order, key=f"parse-{t.keys[0]}-{uuid.uuid4().hex[:6]}", pure=False)
             for t in tasks]
     pos = {f.key: i for i, f in enumerate(futs)}
     results = [None] * len(futs)
@@ -694,7 +767,7 @@ def _clean_orphans(out: str, manifest: dict) -> None:
             shutil.rmtree(d, ignore_errors=True)
 
 
-def _commit(c, root, out, old, sources, tasks, results, o, generation, t0):
+def _commit(c, root, out, old, sources, tasks, results, o, generation, t0, order=None):
     # absolute line numbers and errors, in row order
     errors, skipped = [], []
     per_source_lines = {}
@@ -828,6 +901,7 @@ def _commit(c, root, out, old, sources, tasks, results, o, generation, t0):
         "holdout": {"fraction": o.holdout, "seed": o.seed,
                     "blocks": [e["key"] for e in entries if e["split"] == "holdout"]},
         "stats": stats_path, "stats_split": "train",
+        **({"feature_order": order} if order else {}),
         "sources": src_entries,
         "skipped": {"count": int((old["skipped"]["count"] if old else 0) + len(skipped)),
                     "files": (old["skipped"]["files"] if old else []) + ([skipped_file] if skipped_file else [])},

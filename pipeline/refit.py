@@ -1007,12 +1007,15 @@ def refit(model, store_path: str, client=None, l2: float = DEFAULT_L2, max_iter:
                          "problem's; with l1 = 0 there is nothing to check")
     if l1 == "auto" and not 0 < validation < 1:
         raise ValueError(f"refit validation share must be in (0, 1), got {validation}")
-    support = np.asarray(model.coef_indices, dtype=np.int64)
-    order = np.argsort(support, kind="stable")
-    support, w0 = support[order], np.asarray(model.coef_values, dtype=np.float64)[order]
+    from pipeline.store.order import model_external, model_internal
     from pipeline.store.reader import open_store
 
     st = open_store(store_path)
+    given = model
+    model = model_internal(model, st)  # the support in the blocks' ids; the result goes back to the caller's
+    support = np.asarray(model.coef_indices, dtype=np.int64)
+    order = np.argsort(support, kind="stable")
+    support, w0 = support[order], np.asarray(model.coef_values, dtype=np.float64)[order]
     loss = refit_loss(model, st.label_kind, loss)
     rows = sum(int(e["rows"]) for e in st.entries("train", blocks))
     path, rule = None, None
@@ -1075,5 +1078,6 @@ def refit(model, store_path: str, client=None, l2: float = DEFAULT_L2, max_iter:
     meta.pop("n_paths_saved", None)
     meta["holdout"] = None  # the sparse model's metrics are in meta["refit"]["holdout_before"]; fit() re-measures
     learner = model.learner or (model.coef_indices, model.coef_values, float(model.bias))  # a refit of a refit: the first
-    return Model(model.n_features, prob.support[keep], w[keep], bias, meta=meta, states=model.states,
-                 gstate=model.gstate, learner=learner)
+    out = Model(model.n_features, prob.support[keep], w[keep], bias, meta=meta, states=model.states,
+                gstate=model.gstate, learner=learner)
+    return out if given is model else model_external(out, st)

@@ -158,8 +158,13 @@ def store_second_moments(store_path: str, n_features: int | None = None) -> np.n
     """s_j = E[x_j²] over the store's training split (col_sumsq / n_rows), cut or zero-padded to n_features."""
     from pipeline.store.reader import open_store
 
-    fs = open_store(store_path).feature_stats()
+    st = open_store(store_path)
+    fs = st.feature_stats()
     s = np.asarray(fs["col_sumsq"], dtype=np.float64) / max(1, int(fs["n_rows"]))
+    if st.feature_order:  # the model's weights use the input's ids
+        from pipeline.store.order import dense_external
+
+        s = dense_external(s, st.order_maps[0])
     if n_features is not None:
         out = np.zeros(n_features)
         n = min(n_features, s.shape[0])
@@ -187,6 +192,14 @@ def sparsify_model(model, store_path: str, *, method: str = "dd", nnz: int | Non
         wh = np.asarray(gs["w_hat"], dtype=np.float64)
         n = min(w.shape[0], wh.shape[0])
         w[:n] = wh[:n]
+        order = model.meta.get("feature_order")  # the optimiser state's ids: a store's in frequency order
+        if order:
+            if order != (st.feature_order or {}).get("digest"):
+                raise ValueError(f"{store_path}: the model's stage-1 output is in the feature order of the store it "
+                                 f"was trained on ({order}); sparsify it with that store")
+            from pipeline.store.order import dense_external
+
+            w = dense_external(w, st.order_maps[0])
         bias = float(np.asarray(gs.get("b_hat", [model.bias])).ravel()[0])
         source = "stage-1 output w_hat"
     else:

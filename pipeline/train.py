@@ -8,6 +8,7 @@ import numpy as np
 
 from pipeline.algorithms import DEFAULT_ALGO, make_algorithm
 from pipeline.model import Model, load_model
+from pipeline.store.order import STORE_IDS, model_external, model_internal
 from pipeline.store.readlock import reads_store
 
 
@@ -82,17 +83,19 @@ def fit(store_path: str, algo: str = DEFAULT_ALGO, options: dict | None = None, 
     calibrate(algorithm, st)  # before the resume check: resolved values are part of hyper()
     init_states = init_gstate = warm = None
     resumed = after_stop = False
+    order = (st.feature_order or {}).get("digest")
     if init_model is not None:
         same = (init_model.algorithm == algo and _same_hyper(init_model.meta.get("hyper"), algorithm)
                 and init_model.states is not None and len(init_model.states) == paths
                 and init_model.meta.get("seed") == seed
-                and init_model.meta.get("shuffle_window", 4) == shuffle_window)
+                and init_model.meta.get("shuffle_window", 4) == shuffle_window
+                and init_model.meta.get("feature_order") == order)  # the state's ids are the store's
         after_stop = same and init_model.gstate is not None and algorithm.finished(init_model.gstate)
         same = same and not after_stop
         if same:
             init_states, init_gstate, resumed = init_model.states, init_model.gstate, True
         else:
-            warm = init_model.warm_weights()  # a refitted model's: its sparse learner's weights
+            warm = model_internal(init_model, st).warm_weights()  # a refitted model's: its sparse learner's
     t0 = time.time()
     res = train(st.path, algorithm, passes=passes, paths=paths, seed=seed, client=client,
                 init_states=init_states, init_gstate=init_gstate, warm=warm, placement=placement,
@@ -118,11 +121,12 @@ def fit(store_path: str, algo: str = DEFAULT_ALGO, options: dict | None = None, 
                        "trained_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")},
         "history": _jsonable(res.history),
         "holdout": _jsonable(last.get("holdout")),
+        **({"feature_order": order, STORE_IDS: order} if order else {}),  # the state's ids; the weights' until saved
     }
     model = Model.from_dense(res.w, res.bias, meta=meta, states=res.states, gstate=res.gstate)
     if refit is not None:
         model = refit_model(model, st, client, blocks, evaluate, refit)
-    return model
+    return model_external(model, st)
 
 
 def refit_model(model: Model, st, client=None, blocks=None, evaluate: bool = True, options: dict | None = None) -> Model:

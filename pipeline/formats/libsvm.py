@@ -578,8 +578,25 @@ class Parsed:
         return self.indices.shape[0]
 
 
+@numba.njit(cache=True, nogil=True)
+def relabel_ids(indices, to_int):
+    """indices[k] <- to_int[indices[k]] where indices[k] < len(to_int) (a store's feature order,
+    :mod:`pipeline.store.order`; the identity beyond), in place; returns the largest id + 1 after (0: no entries)."""
+    n = to_int.shape[0]
+    top = -1
+    for k in range(indices.shape[0]):
+        j = indices[k]
+        if j < n:
+            j = to_int[j]
+            indices[k] = j
+        if j > top:
+            top = j
+    return top + 1
+
+
 def parse_buffer(buf, *, zero_based=False, width=-1, skip_invalid=False, label_pair=None,
-                 index_dtype=np.int64, value_dtype=np.float64, column_stats=False, reuse=False) -> Parsed:
+                 index_dtype=np.int64, value_dtype=np.float64, column_stats=False, reuse=False,
+                 relabel=None) -> Parsed:
     """Parse whole LIBSVM lines held in ``buf`` (bytes, memoryview or a uint8 array).
 
     Output capacity comes from safe bounds instead of a counting pass: a pair needs >= 4 bytes
@@ -588,6 +605,9 @@ def parse_buffer(buf, *, zero_based=False, width=-1, skip_invalid=False, label_p
     ``column_stats`` adds the per-feature statistics of the accepted rows (see :class:`Parsed`).
     ``reuse``: the arrays are views of this thread's :mod:`pipeline.arena` buffers, valid until its next
     ``reuse`` parse (for a caller that writes each block before parsing the next).
+    ``relabel`` (a store's feature order, :func:`pipeline.store.order.maps`' first map): the ids are renumbered
+    after the lines are checked (errors name the input's ids); rows then keep their input order, not ascending ids,
+    and ``max_index`` covers the renumbered ids too.
     """
     arr = buf if isinstance(buf, np.ndarray) else np.frombuffer(buf, dtype=np.uint8)
     arr = np.ascontiguousarray(arr, dtype=np.uint8)
@@ -609,7 +629,9 @@ def parse_buffer(buf, *, zero_based=False, width=-1, skip_invalid=False, label_p
     errors = [(int(err_line[k]), int(err_col[k]), int(err_code[k])) for k in range(nerr)]
     out = Parsed(indptr[: nrows + 1], indices[:nnz], data[:nnz], labels[:nrows], row_line[:nrows],
                  errors, int(nlines), int(maxidx), zeros=int(zeros))
+    if relabel is not None:
+        out.max_index = max(out.max_index, int(relabel_ids(out.indices, relabel)))
     if column_stats:
         out.stats_idx, out.stats_nnz, out.stats_sumsq = colstats.column_stats(
-            out.indptr, out.indices, out.data, out.max_index, reuse=reuse)
+            out.indptr, out.indices, out.data, out.max_index, reuse=reuse, ascending=relabel is None)
     return out

@@ -129,13 +129,61 @@ def sorted_sums(indices, data, out_idx, out_nnz, out_ss):
     return nt + 1
 
 
+@numba.njit(cache=True, nogil=True)
+def rows_ascending(indptr, indices):
+    """Whether the ids increase within every row (a store in frequency order keeps its rows in input order)."""
+    for r in range(indptr.shape[0] - 1):
+        for k in range(indptr[r] + 1, indptr[r + 1]):
+            if indices[k] <= indices[k - 1]:
+                return False
+    return True
+
+
+@numba.njit(cache=True, nogil=True)
+def partitioned_sums(indices, values, width, shift, tmp_idx, tmp_val, scratch, bits, out_idx, out_nnz, out_ss):
+    """:func:`band_sums`' statistics (entries as values) of rows in any order: a stable partition of the entries by
+    band (id >> ``shift``; row order kept within a band), then each band's entries added into the band scratch
+    (float64[2 << shift], zero on entry and handed back zeroed) and drained in feature order."""
+    nb = ((width - 1) >> shift) + 1
+    starts = np.zeros(nb + 1, np.int64)
+    n = indices.shape[0]
+    for k in range(n):
+        starts[(np.int64(indices[k]) >> shift) + 1] += 1
+    for b in range(nb):
+        starts[b + 1] += starts[b]
+    pos = starts[:nb].copy()
+    for k in range(n):
+        b = np.int64(indices[k]) >> shift
+        t = pos[b]
+        tmp_idx[t] = indices[k]
+        tmp_val[t] = values[k]
+        pos[b] = t + 1
+    sp = base(scratch)
+    bp = base(bits)
+    nt = 0
+    for b in range(nb):
+        lo = b << shift
+        for k in range(starts[b], starts[b + 1]):
+            jl = np.uint64(np.int64(tmp_idx[k]) - lo)
+            v = np.float64(tmp_val[k])
+            s = jl + jl
+            sp[s] += 1.0
+            sp[s + _U1] += v * v
+            bp[jl >> _U6] |= _U1 << (jl & _U63)
+        hi = min(lo + (1 << shift), width)
+        nt = drain(bp, (hi - lo + 63) >> 6, sp, lo, out_idx, out_nnz, out_ss, nt)
+    return nt
+
+
 def column_stats(indptr, indices, values, width: int, counts=None, count_dtype=np.int32, band: int | None = None,
-                 reuse: bool = False):
+                 reuse: bool = False, ascending: bool | None = None):
     """(feature ids ascending, counts, float64 sums of squares) of the features < ``width`` of CSR rows.
 
     ``counts`` None: ``values`` are the entries (see :func:`band_sums`); otherwise the rows are statistics
     sets and ``values`` their sums of squares. ``band`` forces the band width (tests); by default it is
-    chosen here. ``reuse``: the results are views of this thread's :mod:`pipeline.arena` buffers."""
+    chosen here. ``reuse``: the results are views of this thread's :mod:`pipeline.arena` buffers. ``ascending``:
+    whether the ids increase within each row (None: checked here); rows in any order (a store in frequency order,
+    :mod:`pipeline.store.order`) go through :func:`partitioned_sums`."""
     nnz, nrows = indices.shape[0], indptr.shape[0] - 1
     idx_dtype = np.int32 if indices.dtype == np.int32 else np.int64
     if nnz == 0 or width <= 0:
@@ -144,6 +192,13 @@ def column_stats(indptr, indices, values, width: int, counts=None, count_dtype=n
     out_idx = arena.empty("colstats.idx", cap, idx_dtype, reuse)
     out_nnz = arena.empty("colstats.nnz", cap, count_dtype, reuse)
     out_ss = arena.empty("colstats.ss", cap, np.float64, reuse)
+    if counts is None and not (rows_ascending(indptr, indices) if ascending is None else ascending):
+        shift = int(STATS_BAND).bit_length() - 1
+        sc, bits = _band_scratch(1 << shift)
+        tmp_idx = arena.empty("colstats.tmp_idx", nnz, indices.dtype, reuse)
+        tmp_val = arena.empty("colstats.tmp_val", nnz, values.dtype, reuse)
+        nt = partitioned_sums(indices, values, width, shift, tmp_idx, tmp_val, sc, bits, out_idx, out_nnz, out_ss)
+        return out_idx[:nt], out_nnz[:nt], out_ss[:nt]
     if band is None:
         if counts is None and width > 64 * nnz:  # the bitmaps (width / 64 words) would outweigh the entries
             nt = sorted_sums(indices, values, out_idx, out_nnz, out_ss)
@@ -152,14 +207,20 @@ def column_stats(indptr, indices, values, width: int, counts=None, count_dtype=n
         # scratch then grows towards float64[2 * width], touched only where used)
         band = min(width, max(STATS_BAND if counts is None else SETS_BAND, -(-4 * width * nrows // nnz)))
     band = int(max(1, min(band, width)))
+    sc, bits = _band_scratch(band)
+    cur = np.empty(nrows, np.int64)
+    nt = band_sums(indptr, indices, values, counts, width, band, sc, bits, cur, out_idx, out_nnz, out_ss)
+    return out_idx[:nt], out_nnz[:nt], out_ss[:nt]
+
+
+def _band_scratch(band: int) -> tuple[np.ndarray, np.ndarray]:
+    """This thread's zeroed band scratch (float64[2 * band] or larger) and its bitmap."""
     sc = getattr(_BAND, "scratch", None)
     if sc is None or sc.shape[0] < 2 * band:
         sc = np.zeros(2 * band, np.float64)
         _BAND.scratch = sc
         _BAND.bits = np.zeros((band + 63) >> 6, np.uint64)
-    cur = np.empty(nrows, np.int64)
-    nt = band_sums(indptr, indices, values, counts, width, band, sc, _BAND.bits, cur, out_idx, out_nnz, out_ss)
-    return out_idx[:nt], out_nnz[:nt], out_ss[:nt]
+    return sc, _BAND.bits
 
 
 def release_scratch() -> None:

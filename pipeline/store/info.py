@@ -26,4 +26,5 @@ def describe(path: str) -> dict:
         "sources": [{k: s[k] for k in ("path", "size", "rows", "skipped", "generation", "ingested_at",
                                        "fingerprint", "label_map")} for s in m["sources"]],
         "options": m["options"],
+        "feature_order": m.get("feature_order"),
     }

@@ -171,6 +171,28 @@ class Store:
     def data_dtype(self) -> np.dtype:
         return np.dtype(self.manifest.get("data_dtype", "float32"))
 
+    @property
+    def feature_order(self) -> dict | None:
+        """The manifest's feature order (:mod:`pipeline.store.order`), None when the blocks hold the input's ids."""
+        return self.manifest.get("feature_order")
+
+    @cached_property
+    def order_maps(self) -> tuple[np.ndarray, np.ndarray]:
+        """(to_internal, to_external) of :attr:`feature_order` (:func:`pipeline.store.order.maps`)."""
+        from pipeline.store import order
+
+        fo = self.feature_order
+        hot = order.read_hot(f"{self.path}/{fo['path']}")
+        if order.digest(hot) != fo["digest"]:
+            raise fmt.StoreCorruptError(f"{self.path}: its feature order ({fo['path']}/hot) does not match the "
+                                        f"manifest; ingesting its sources again rebuilds it")
+        return order.maps(hot)
+
+    def external_X(self, block):
+        """scipy CSR of ``block`` in the input's feature ids, ascending within each row (what a peer reading the
+        LIBSVM text sees); the block's own matrix when the store keeps the input's order."""
+        return _external(block.X, self.order_maps[1] if self.feature_order else None)
+
     @cached_property
     def _by_key(self) -> dict:
         return {b["key"]: b for b in self.manifest["blocks"]}
@@ -242,8 +264,10 @@ class Store:
         # [0:0, 0:0], and on a (0, p) GCXS that compiles ~10 s of pydata-sparse's numba code in every new process
         meta = sparse.GCXS.from_numpy(np.zeros((0, 0), dtype=self.data_dtype))
         parts = []
+        fo = self.feature_order
+        order = (f"{self.path}/{fo['path']}", fo["digest"]) if fo else None
         for e in self.entries(split):
-            d = dask.delayed(_gcxs)(self.block(e))
+            d = dask.delayed(_gcxs)(self.block(e), order)
             parts.append(da.from_delayed(d, shape=(e["rows"], p), dtype=meta.dtype, meta=meta))
         return da.concatenate(parts, axis=0) if parts else da.zeros((0, p))
 
@@ -255,9 +279,27 @@ class Store:
                                                dtype=np.float64) for e in self.entries(split)])
 
 
-def _gcxs(block: Block):
+def _external(X, to_ext):
+    """CSR ``X`` with its ids mapped by ``to_ext`` (None: as it is) and sorted within each row."""
+    if to_ext is None:
+        return X
+    from pipeline.store.order import ids_external
+
+    X = X.copy()
+    X.indices = ids_external(X.indices, to_ext).astype(X.indices.dtype)
+    X.has_sorted_indices = False
+    X.sort_indices()
+    return X
+
+
+def _gcxs(block: Block, order: tuple | None = None):
+    """The block as a GCXS in the input's feature ids (``order``: the store's (features group, digest))."""
     import sparse
 
+    if order is not None:
+        from pipeline.store.order import cached_maps
+
+        return sparse.GCXS.from_scipy_sparse(_external(block.X, cached_maps(*order)[1]))
     return sparse.GCXS((block.data, block.indices, block.indptr), shape=(block.n_rows, block.n_features),
                        compressed_axes=(0,))
 
