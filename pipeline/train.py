@@ -84,6 +84,8 @@ def fit(store_path: str, algo: str = DEFAULT_ALGO, options: dict | None = None, 
     init_states = init_gstate = warm = None
     resumed = after_stop = False
     order = (st.feature_order or {}).get("digest")
+    if order:
+        st.order_maps  # read (and checked) before training, not when the model is saved
     if init_model is not None:
         same = (init_model.algorithm == algo and _same_hyper(init_model.meta.get("hyper"), algorithm)
                 and init_model.states is not None and len(init_model.states) == paths

@@ -31,6 +31,7 @@ from pipeline.kernels.intrinsics import base as _base
 from pipeline.kernels.intrinsics import below_mask32 as _below_mask32
 from pipeline.kernels.intrinsics import cttz as _cttz
 from pipeline.kernels.intrinsics import load_u64 as _load_u64
+from pipeline.kernels.intrinsics import prefetch as _prefetch
 
 OK = 0
 BAD_LABEL = 1
@@ -578,13 +579,22 @@ class Parsed:
         return self.indices.shape[0]
 
 
+_AHEAD = 16
+
+
 @numba.njit(cache=True, nogil=True)
 def relabel_ids(indices, to_int):
     """indices[k] <- to_int[indices[k]] where indices[k] < len(to_int) (a store's feature order,
     :mod:`pipeline.store.order`; the identity beyond), in place; returns the largest id + 1 after (0: no entries)."""
     n = to_int.shape[0]
     top = -1
-    for k in range(indices.shape[0]):
+    m = indices.shape[0]
+    mp = _base(to_int)
+    for k in range(m):
+        if k + _AHEAD < m:  # the map is 66 MB at webspam width: fetch the lines of the coming ids
+            a = indices[k + _AHEAD]
+            if a < n:
+                _prefetch(mp, a)
         j = indices[k]
         if j < n:
             j = to_int[j]

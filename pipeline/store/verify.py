@@ -97,6 +97,11 @@ def verify_store(path: str, progress=None, threads: int | None = None) -> dict:
     hold = set(man.get("holdout", {}).get("blocks", []))
     if hold and hold != {e["key"] for e in entries if e.get("split") == "holdout"}:
         problems.append("the manifest's holdout list differs from the blocks marked holdout")
+    if man.get("feature_order"):
+        try:
+            st.order_maps  # its array against the manifest's digest
+        except Exception as ex:  # noqa: BLE001  a finding, not a crash
+            problems.append(f"feature order {man['feature_order'].get('path')}/hot: {ex}")
     stats_checked = False
     if not recount_ok:
         problems.append("feature statistics not recounted: a training block is bad")
