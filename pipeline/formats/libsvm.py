@@ -639,9 +639,16 @@ def parse_buffer(buf, *, zero_based=False, width=-1, skip_invalid=False, label_p
     errors = [(int(err_line[k]), int(err_col[k]), int(err_code[k])) for k in range(nerr)]
     out = Parsed(indptr[: nrows + 1], indices[:nnz], data[:nnz], labels[:nrows], row_line[:nrows],
                  errors, int(nlines), int(maxidx), zeros=int(zeros))
+    if column_stats:  # of the ascending input ids: the cache-blocked pass over the rows
+        out.stats_idx, out.stats_nnz, out.stats_sumsq = colstats.column_stats(
+            out.indptr, out.indices, out.data, out.max_index, reuse=reuse, ascending=True)
     if relabel is not None:
         out.max_index = max(out.max_index, int(relabel_ids(out.indices, relabel)))
-    if column_stats:
-        out.stats_idx, out.stats_nnz, out.stats_sumsq = colstats.column_stats(
-            out.indptr, out.indices, out.data, out.max_index, reuse=reuse, ascending=relabel is None)
+        if column_stats:  # the block's statistics set renumbered and put back in feature order: ~a fifth of the
+            # entries to move, where summing the renumbered rows (in any order) would move them all
+            n = out.stats_idx.shape[0]
+            relabel_ids(out.stats_idx, relabel)
+            out.stats_idx, out.stats_nnz, out.stats_sumsq = colstats.column_stats(
+                np.array([0, n], np.int64), out.stats_idx, out.stats_sumsq, out.max_index, counts=out.stats_nnz,
+                count_dtype=out.stats_nnz.dtype, ascending=False)
     return out

@@ -140,10 +140,12 @@ def rows_ascending(indptr, indices):
 
 
 @numba.njit(cache=True, nogil=True)
-def partitioned_sums(indices, values, width, shift, tmp_idx, tmp_val, scratch, bits, out_idx, out_nnz, out_ss):
-    """:func:`band_sums`' statistics (entries as values) of rows in any order: a stable partition of the entries by
-    band (id >> ``shift``; row order kept within a band), then each band's entries added into the band scratch
-    (float64[2 << shift], zero on entry and handed back zeroed) and drained in feature order."""
+def partitioned_sums(indices, values, counts, width, shift, tmp_idx, tmp_val, tmp_cnt, scratch, bits, out_idx,
+                     out_nnz, out_ss):
+    """:func:`band_sums`' statistics of rows in any order (``counts`` None: entries, each adding (1, v * v); else
+    each adds (counts[k], values[k])): a stable partition of the entries by band (id >> ``shift``; row order kept
+    within a band), then each band's entries added into the band scratch (float64[2 << shift], zero on entry and
+    handed back zeroed) and drained in feature order."""
     nb = ((width - 1) >> shift) + 1
     starts = np.zeros(nb + 1, np.int64)
     n = indices.shape[0]
@@ -157,6 +159,8 @@ def partitioned_sums(indices, values, width, shift, tmp_idx, tmp_val, scratch, b
         t = pos[b]
         tmp_idx[t] = indices[k]
         tmp_val[t] = values[k]
+        if counts is not None:
+            tmp_cnt[t] = counts[k]
         pos[b] = t + 1
     sp = base(scratch)
     bp = base(bits)
@@ -167,8 +171,12 @@ def partitioned_sums(indices, values, width, shift, tmp_idx, tmp_val, scratch, b
             jl = np.uint64(np.int64(tmp_idx[k]) - lo)
             v = np.float64(tmp_val[k])
             s = jl + jl
-            sp[s] += 1.0
-            sp[s + _U1] += v * v
+            if counts is None:
+                sp[s] += 1.0
+                sp[s + _U1] += v * v
+            else:
+                sp[s] += np.float64(tmp_cnt[k])
+                sp[s + _U1] += v
             bp[jl >> _U6] |= _U1 << (jl & _U63)
         hi = min(lo + (1 << shift), width)
         nt = drain(bp, (hi - lo + 63) >> 6, sp, lo, out_idx, out_nnz, out_ss, nt)
@@ -192,12 +200,14 @@ def column_stats(indptr, indices, values, width: int, counts=None, count_dtype=n
     out_idx = arena.empty("colstats.idx", cap, idx_dtype, reuse)
     out_nnz = arena.empty("colstats.nnz", cap, count_dtype, reuse)
     out_ss = arena.empty("colstats.ss", cap, np.float64, reuse)
-    if counts is None and not (rows_ascending(indptr, indices) if ascending is None else ascending):
+    if not (rows_ascending(indptr, indices) if ascending is None else ascending):
         shift = int(STATS_BAND).bit_length() - 1
         sc, bits = _band_scratch(1 << shift)
-        tmp_idx = arena.empty("colstats.tmp_idx", nnz, indices.dtype, reuse)
-        tmp_val = arena.empty("colstats.tmp_val", nnz, values.dtype, reuse)
-        nt = partitioned_sums(indices, values, width, shift, tmp_idx, tmp_val, sc, bits, out_idx, out_nnz, out_ss)
+        tmp_idx = arena.buffer("colstats.tmp_idx", nnz, indices.dtype)  # scratch of this call only
+        tmp_val = arena.buffer("colstats.tmp_val", nnz, values.dtype)
+        tmp_cnt = None if counts is None else arena.buffer("colstats.tmp_cnt", nnz, counts.dtype)
+        nt = partitioned_sums(indices, values, counts, width, shift, tmp_idx, tmp_val, tmp_cnt, sc, bits, out_idx,
+                              out_nnz, out_ss)
         return out_idx[:nt], out_nnz[:nt], out_ss[:nt]
     if band is None:
         if counts is None and width > 64 * nnz:  # the bitmaps (width / 64 words) would outweigh the entries

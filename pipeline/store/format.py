@@ -8,6 +8,8 @@ Layout::
     STORE/stats/v<manifest_version>/{feature,col_nnz,col_sumsq}   training-split feature statistics (sparse:
                                          the features with a non-zero count, in feature order)
     STORE/skipped/<generation>.jsonl     lines dropped by --on-invalid skip
+    STORE/features/hot                   a store in frequency order: the sampled features' input ids in their new
+                                         order (pipeline/store/order.py); the blocks and statistics use the new ids
 
 Blocks are written once and never modified; readers trust only the manifest, so a block directory not
 listed there does not exist. The manifest is replaced atomically (write + os.replace) as the last step of
