@@ -579,7 +579,7 @@ class Parsed:
         return self.indices.shape[0]
 
 
-_AHEAD = 16
+_AHEAD = 32
 
 
 @numba.njit(cache=True, nogil=True)
