@@ -463,7 +463,8 @@ def sample_task(sources: list[dict], opts: dict) -> tuple[np.ndarray, int, int]:
                 done += end - first
     ids = np.concatenate(ids) if ids else np.zeros(0, np.int64)
     feature, counts = np.unique(ids, return_counts=True)
-    hot = feature[np.argsort(-counts, kind="stable")].astype(np.int32)
+    hot = feature[np.argsort(-counts, kind="stable")]
+    hot = hot.astype(np.int32 if not hot.shape[0] or hot.max() < 2**31 else np.int64)
     return hot, done, int(feature[-1]) + 1 if feature.shape[0] else 0
 
 

@@ -6,10 +6,10 @@ each sits alone on a cache line of every per-feature array a kernel touches. Num
 webspam-like rows the whole `train --algo tg --workers 2` took 27.2 s against 39.7 s, `--algo stsgd` 78.7 s against
 96.7 s, the same models to the last digit (docs/results.md, "A store in frequency order").
 
-The order is fixed by the store's first ingest, from a sample of its inputs (:func:`sample_hot`), before any block
-is parsed: each parse task renumbers its block as it parses it (:func:`pipeline.formats.libsvm.relabel_ids`), so the
-store is written once. ``hot`` (int32[K]) holds
-the external ids of the K features seen in the sample, the most frequent first (ties: the lower id):
+The order is fixed by the store's first ingest, from a sample of its inputs (:func:`pipeline.ingest.sample_task`),
+before any block is parsed: each parse task renumbers its block as it parses it
+(:func:`pipeline.formats.libsvm.relabel_ids`), so the store is written once. ``hot`` (STORE/features/hot, int32[K])
+holds the external ids of the K features seen in the sample, the most frequent first (ties: the lower id):
 
 * internal id i < K  <->  external id hot[i];
 * the external ids e < K not in ``hot`` take the internal ids that the hot ids >= K left free, both in increasing
@@ -18,7 +18,7 @@ the external ids of the K features seen in the sample, the most frequent first (
 
 So the map is a bijection on [0, L), L = max(K, max(hot) + 1), and the identity beyond L: a later append with ids past
 the store's width needs no new map. Blocks, statistics and a model's optimiser state use the internal ids; a saved
-model's weights always use the input's (external) ids (:func:`to_external`, :func:`to_internal`).
+model's weights always use the input's (external) ids (:func:`model_external`, :func:`model_internal`).
 """
 from __future__ import annotations
 
@@ -57,13 +57,7 @@ def maps(hot: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 def digest(hot: np.ndarray) -> str:
     """A short digest naming the order (recorded in the manifest and in the models trained on the store)."""
-    return hashlib.sha256(np.ascontiguousarray(hot, dtype=np.int32).tobytes()).hexdigest()[:16]
-
-
-def hot_from_counts(counts: np.ndarray) -> np.ndarray:
-    """The features with a non-zero sample count, the most frequent first (ties: the lower id), as int32."""
-    seen = np.flatnonzero(counts)
-    return seen[np.argsort(-counts[seen], kind="stable")].astype(np.int32)
+    return hashlib.sha256(np.ascontiguousarray(hot, dtype=np.int64).tobytes()).hexdigest()[:16]
 
 
 def ids_external(idx: np.ndarray, to_ext: np.ndarray) -> np.ndarray:
