@@ -182,13 +182,18 @@ def test_resume_on_a_frequency_store_and_a_warm_start_from_the_other_order(tmp, 
     assert same_model(warm, warm_g)
 
 
-def test_sparsify_reads_the_stores_statistics_and_a_stage_one_state_in_the_inputs_ids(stores, client):
+def test_sparsify_reads_the_stores_statistics_and_a_stage_one_state_in_the_inputs_ids(tmp, client):
+    import dataclasses
+
     from pipeline.sparsify import sparsify_model
     from pipeline.train import fit
 
-    import dataclasses
-
-    mf = fit(stores["frequency"], "two-stage", {}, passes=2, paths=1, client=client)
+    stores = {}
+    for name in ("given", "frequency"):  # a small set: two-stage's stage 1 is dense
+        stores[name] = str(tmp / f"{name}.zarr")
+        ingest([str(data_file("rcv1_subset/rcv1_vw_small_train.svm"))], stores[name],
+               IngestOptions(block_mb=0.25, feature_order=name), client=client)
+    mf = fit(stores["frequency"], "two-stage", {}, passes=1, paths=1, client=client)
     f = open_store(stores["frequency"])
     # the same model with its stage-1 output in the input's ids, as if trained on the input's order
     gs = {**mf.gstate, "w_hat": order.dense_external(mf.gstate["w_hat"], f.order_maps[0])}
