@@ -32,7 +32,10 @@ def predict_to_file(model, input_path: str, out_path: str, zero_based: bool = Fa
     if os.path.isdir(input_path):
         from pipeline.store.reader import open_store
 
+        from pipeline.store.order import model_internal
+
         st = open_store(input_path)
+        model = model_internal(model, st)  # the blocks' ids
         st.expect_reads(st.entries("all"))
         mats = ((b.indptr, b.indices, b.data) for b in st.blocks("all"))
     else:

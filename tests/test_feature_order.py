@@ -134,7 +134,7 @@ def test_an_append_keeps_the_stores_order(tmp, client):
 
 # ------------------------------------------------------------------------------------------------- models
 @pytest.mark.parametrize("algo", ["sgd", "tg", "ftrl"])
-def test_models_are_the_same_bit_for_bit_in_the_inputs_ids(algo, stores, client):
+def test_models_are_the_same_bit_for_bit_in_the_inputs_ids(algo, stores, client, tmp):
     """Rows keep their input order, so every dot product adds in the same order: the same model."""
     from pipeline.evaluate import evaluate_store
     from pipeline.train import fit
@@ -147,6 +147,12 @@ def test_models_are_the_same_bit_for_bit_in_the_inputs_ids(algo, stores, client)
     eg, ef = evaluate_store(mg, stores["given"], client=client), evaluate_store(mf, stores["frequency"], client=client)
     assert eg["error"] == ef["error"] and eg["logloss"] == ef["logloss"]
     assert evaluate_store(mf, stores["given"], client=client)["error"] == eg["error"]  # a model goes to either store
+    from pipeline.predict import predict_to_file
+
+    for name, path in stores.items():
+        predict_to_file(mf, path, str(tmp / f"{name}.txt"))
+    text = (tmp / "given.txt").read_text()
+    assert text == (tmp / "frequency.txt").read_text() and text.count("\n") == open_store(path).n_rows
 
 
 def test_stsgd_keeps_the_same_learner_and_support_and_its_refit_the_same_objective(stores, client):
