@@ -70,20 +70,26 @@ def band_sums(indptr, indices, values, counts, width, band, scratch, bits, cur, 
                 jl = np.uint64(np.int64(ip[k]) - lo)  # unsigned: no wraparound code
                 if jl >= uband:
                     break
-                v = np.float64(dp[k])
-                s = jl + jl
-                if counts is None:
-                    sp[s] += 1.0
-                    sp[s + _U1] += v * v
-                else:
-                    sp[s] += np.float64(counts[k])
-                    sp[s + _U1] += v
-                bp[jl >> _U6] |= _U1 << (jl & _U63)
+                add_entry(sp, bp, jl, np.float64(dp[k]), counts, k)
                 k += 1
             cur[r] = k
         nt = drain(bp, (hi - lo + 63) >> 6, sp, lo, out_idx, out_nnz, out_ss, nt)
         lo = hi
     return nt
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def add_entry(sp, bp, jl, v, counts, k):
+    """Add entry k at band offset ``jl`` to the (count, sum of squares) pairs ``sp`` and mark it in the bitmap
+    ``bp``: (1, v * v) when ``counts`` is None, else (counts[k], v)."""
+    s = jl + jl
+    if counts is None:
+        sp[s] += 1.0
+        sp[s + _U1] += v * v
+    else:
+        sp[s] += np.float64(counts[k])
+        sp[s + _U1] += v
+    bp[jl >> _U6] |= _U1 << (jl & _U63)
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
@@ -145,7 +151,7 @@ def partitioned_sums(indices, values, counts, width, shift, tmp_idx, tmp_val, tm
     """:func:`band_sums`' statistics of rows in any order (``counts`` None: entries, each adding (1, v * v); else
     each adds (counts[k], values[k])): a stable partition of the entries by band (id >> ``shift``; row order kept
     within a band), then each band's entries added into the band scratch (float64[2 << shift], zero on entry and
-    handed back zeroed) and drained in feature order."""
+    handed back zeroed) and drained in feature order. ``tmp_cnt`` is None exactly when ``counts`` is."""
     nb = ((width - 1) >> shift) + 1
     starts = np.zeros(nb + 1, np.int64)
     n = indices.shape[0]
@@ -168,16 +174,7 @@ def partitioned_sums(indices, values, counts, width, shift, tmp_idx, tmp_val, tm
     for b in range(nb):
         lo = b << shift
         for k in range(starts[b], starts[b + 1]):
-            jl = np.uint64(np.int64(tmp_idx[k]) - lo)
-            v = np.float64(tmp_val[k])
-            s = jl + jl
-            if counts is None:
-                sp[s] += 1.0
-                sp[s + _U1] += v * v
-            else:
-                sp[s] += np.float64(tmp_cnt[k])
-                sp[s + _U1] += v
-            bp[jl >> _U6] |= _U1 << (jl & _U63)
+            add_entry(sp, bp, np.uint64(np.int64(tmp_idx[k]) - lo), np.float64(tmp_val[k]), tmp_cnt, k)
         hi = min(lo + (1 << shift), width)
         nt = drain(bp, (hi - lo + 63) >> 6, sp, lo, out_idx, out_nnz, out_ss, nt)
     return nt

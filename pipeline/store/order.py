@@ -23,6 +23,7 @@ model's weights always use the input's (external) ids (:func:`model_external`, :
 from __future__ import annotations
 
 import hashlib
+import os
 import threading
 
 import numpy as np
@@ -97,14 +98,19 @@ def read_hot(group: str) -> np.ndarray:
 
 
 def cached_maps(group: str, name: str) -> tuple[np.ndarray, np.ndarray]:
-    """:func:`maps` of the order ``name`` (its :func:`digest`) stored at ``group`` (STORE/features), built once per
-    process: every parse task of an ingest uses it."""
+    """:func:`maps` of the order ``name`` (its :func:`digest`) stored at ``group`` (STORE/features), read, checked
+    and built once per process: every parse task of an ingest, and every store opened on it (``train`` opens it for
+    the learner, the refit and the evaluation)."""
     with _LOCK:
         got = _CACHE.get(name)
     if got is None:
         hot = read_hot(group)
         if digest(hot) != name:
-            raise ValueError(f"{group}: the feature order does not match the manifest's ({name})")
+            from pipeline.store.format import StoreCorruptError
+
+            store, part = os.path.split(os.path.normpath(group))
+            raise StoreCorruptError(f"{store}: its feature order ({part}/hot) does not match the manifest; "
+                                    f"ingesting its sources again rebuilds it")
         got = maps(hot)
         with _LOCK:
             _CACHE.clear()  # one order at a time is the common case: keep one (at webspam width 2 x 133 MB)

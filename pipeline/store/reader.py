@@ -176,17 +176,18 @@ class Store:
         """The manifest's feature order (:mod:`pipeline.store.order`), None when the blocks hold the input's ids."""
         return self.manifest.get("feature_order")
 
-    @cached_property
+    @property
     def order_maps(self) -> tuple[np.ndarray, np.ndarray]:
         """(to_internal, to_external) of :attr:`feature_order` (:func:`pipeline.store.order.maps`)."""
-        from pipeline.store import order
+        from pipeline.store.order import cached_maps
 
+        return cached_maps(*self._order_ref)
+
+    @property
+    def _order_ref(self) -> tuple[str, str]:
+        """(the order's group, its digest): what :func:`pipeline.store.order.cached_maps` takes."""
         fo = self.feature_order
-        hot = order.read_hot(f"{self.path}/{fo['path']}")
-        if order.digest(hot) != fo["digest"]:
-            raise fmt.StoreCorruptError(f"{self.path}: its feature order ({fo['path']}/hot) does not match the "
-                                        f"manifest; ingesting its sources again rebuilds it")
-        return order.maps(hot)
+        return f"{self.path}/{fo['path']}", fo["digest"]
 
     def external_X(self, block):
         """scipy CSR of ``block`` in the input's feature ids, ascending within each row (what a peer reading the
@@ -264,8 +265,7 @@ class Store:
         # [0:0, 0:0], and on a (0, p) GCXS that compiles ~10 s of pydata-sparse's numba code in every new process
         meta = sparse.GCXS.from_numpy(np.zeros((0, 0), dtype=self.data_dtype))
         parts = []
-        fo = self.feature_order
-        order = (f"{self.path}/{fo['path']}", fo["digest"]) if fo else None
+        order = self._order_ref if self.feature_order else None
         for e in self.entries(split):
             d = dask.delayed(_gcxs)(self.block(e), order)
             parts.append(da.from_delayed(d, shape=(e["rows"], p), dtype=meta.dtype, meta=meta))

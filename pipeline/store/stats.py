@@ -123,7 +123,7 @@ def sum_stats(loaders: list, sizes: list[int], width: int, reuse: bool = False, 
             ptr.append(at + n)
         n = ptr[-1]
         return colstats.column_stats(np.array(ptr, np.int64), idx[:n], ss[:n], width, counts=cnt[:n],
-                                     count_dtype=cnt.dtype, reuse=keep)
+                                     count_dtype=cnt.dtype, reuse=keep, ascending=True)  # sets: sorted
     acc, bits = scratch(width)
     try:
         for load in loaders:
