@@ -1,4 +1,4 @@
-"""Data commands: synth, ingest, info."""
+"""Data commands: synth, ingest, reorder, info."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -102,13 +102,44 @@ def info(store: Path = typer.Argument(..., help="Store directory."),
                f"input files as given, compressed or not (ratio {d['compression_ratio']:.2f})")
     typer.echo(f"skipped      {d['skipped_lines']} lines")
     fo = d["feature_order"]
-    typer.echo("order        " + (f"features numbered by frequency: the {fo['hot']:,} seen in a "
-                                  f"{fo['sample_bytes'] / 2**20:,.1f} MiB sample first (models keep the input's ids)"
-                                  if fo else "the input's feature ids"))
+    where = ("" if not fo else "counted in the training split (`sparsepipe reorder`)" if fo.get("source") ==
+             "statistics" else f"seen in a {fo['sample_bytes'] / 2**20:,.1f} MiB sample")
+    typer.echo("order        " + (f"features numbered by frequency: the {fo['hot']:,} {where} first (models keep the "
+                                  f"input's ids)" if fo else "the input's feature ids"))
     for s in d["sources"]:
         typer.echo(f"source       {s['path']}  ({s['rows']:,} rows, generation {s['generation']}, {s['ingested_at']})")
     o = d["options"]
     typer.echo("options      " + ", ".join(f"{k}={o[k]}" for k in sorted(o) if k != "history"))
+
+
+@app.command()
+def reorder(
+    store: Path = typer.Argument(..., help="Store whose features keep the input's ids."),
+    out: Path = typer.Option(..., "--out", "-o", help="New store directory for the reordered copy."),
+    workers: Optional[int] = typer.Option(None, min=1, help="Worker processes of an embedded LocalCluster "
+                                                             "(default: threads of this process)."),
+    scheduler: Optional[str] = typer.Option(None, help="Join an existing Dask scheduler (tcp://host:8786)."),
+    as_json: bool = typer.Option(False, "--json", help="Print a JSON summary."),
+):
+    """Copy STORE with its features numbered by frequency (the order `ingest --feature-order frequency` writes), for
+    faster training at large widths: the store's own counts order them. Rows, labels, holdout and sources stay;
+    every model is the same, in the input's ids. STORE is not changed; OUT appears only when complete."""
+    from pipeline.reorder import reorder as run_reorder
+
+    bar = Progress("reorder", None, "blocks")
+
+    def progress(done, total):
+        if bar.bar is not None:
+            bar.bar.update(bar.task, total=total)
+        bar.update(done, f"{done}/{total} blocks")
+
+    s = run_reporting(bar, lambda: run_reorder(str(store), str(out), workers=workers, scheduler=scheduler,
+                                               progress=progress))
+    if as_json:
+        emit_json(s)
+    else:
+        typer.echo(f"{s['out']}: {count(s['blocks'], 'block')} of {s['store']} with its {s['hot']:,} features "
+                   f"numbered by frequency in {s['seconds']:.1f}s")
 
 
 @app.command()

@@ -305,7 +305,9 @@ def _block_result(key: str, parsed: libsvm.Parsed, nbytes: int) -> dict:
     return res
 
 
-def _write_block(root: str, res: dict) -> dict:
+def write_block(root: str, res: dict) -> dict:
+    """Write the block of :func:`_block_result` ``res`` (its ``_arrays``, popped) under ``root/blocks``; returns
+    ``res``."""
     arrays = res.pop("_arrays")
     g = f"{root}/blocks/{res['key']}"
     fmt.make_group(g, {"encoding-type": "csr_matrix", "encoding-version": "0.1.0",
@@ -338,7 +340,7 @@ def parse_task(root: str, task: Task, opts: dict, order: str | None = None) -> l
         if parsed.errors and not skip:
             res.pop("_arrays")
             return [res]
-        return [_write_block(root, res)]
+        return [write_block(root, res)]
     return _stream_task(root, task, o, kw)
 
 
@@ -418,7 +420,7 @@ def _stream_task(root: str, task: Task, o: IngestOptions, kw: dict) -> list[dict
                     res.pop("_arrays")
                     out.append(res)
                     return out
-                out.append(_write_block(root, res))
+                out.append(write_block(root, res))
     except (EOFError, OSError) as e:
         raise IngestError(f"{task.path}: compressed input is truncated or corrupt ({e}); "
                           f"nothing was committed") from None
@@ -491,6 +493,21 @@ def _choose_order(c, root: str, old: dict | None, sources: list[dict], o: Ingest
     fmt.write_array(f"{root}/{forder.PATH}", "hot", hot)
     return {"kind": "frequency", "path": forder.PATH, "hot": int(hot.shape[0]), "digest": forder.digest(hot),
             "sample_bytes": int(sampled), "sample_width": int(width)}
+
+
+def _grown_past_order_thresholds(old: dict | None, order: dict | None, sources: list[dict], width: int) -> bool:
+    """Whether this append takes a store in the input's order (not asked for with ``given``) past ``auto``'s
+    thresholds for a feature order by frequency: said once, when it crosses them."""
+    first = (old or {}).get("options", {}).get("history") or [{}]
+    if old is None or order or first[0].get("feature_order") == "given":
+        return False
+    before = sum(int(s.get("size") or 0) for s in old.get("sources", []))
+    after = before + sum(int(s.get("size") or 0) for s in sources)
+
+    def past(size, w):
+        return size >= forder.ORDER_MIN_BYTES and w >= forder.ORDER_MIN_WIDTH
+
+    return past(after, width) and not past(before, int(old.get("n_features", 0)))
 
 
 def _stats_groups(root: str, keys: list[str], base: str | None) -> list[str]:
@@ -707,8 +724,8 @@ def _check_append_options(out: str, old: dict, o: IngestOptions) -> None:
                           f"{flag} --zero-based (these inputs were read as {base}-based)")
     have = (old.get("feature_order") or {}).get("kind", "given")
     if o.feature_order != "auto" and o.feature_order != have:
-        raise IngestError(f"{out}: the store's features are in {have} order (set by its first ingest); an append "
-                          f"keeps it: leave out --feature-order or give --feature-order {have}")
+        raise IngestError(f"{out}: the store's features are in {have} order (set by its first ingest, or by "
+                          f"`sparsepipe reorder`); an append keeps it: leave out --feature-order or give --feature-order {have}")
     if old.get("data_dtype", "float32") != o.dtype:
         raise IngestError(f"{out}: the store's values are {old.get('data_dtype')}; append with --dtype "
                           f"{old.get('data_dtype')} (got --dtype {o.dtype})")
@@ -833,6 +850,10 @@ def _commit(c, root, out, old, sources, tasks, results, o, generation, t0, order
                      f"were checked but not stored: the store holds non-zeros only")
     # width
     width = max([o.n_features or 0, old["n_features"] if old else 0] + [b["max_index"] for b in blocks])
+    if _grown_past_order_thresholds(old, order, sources, width):
+        notes.append(f"{out} keeps the input's feature ids and has grown past what `--feature-order auto` numbers by "
+                     f"frequency (1 GiB of input, 2^20 features): `sparsepipe reorder {out} --out NEW` copies it in "
+                     f"frequency order, for faster training at this width")
     new_keys = [b["key"] for b in blocks if b["rows"] > 0]
     hold = set(_choose_holdout(new_keys, o.holdout, o.seed, generation))
     entries = list(old["blocks"]) if old else []

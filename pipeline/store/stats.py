@@ -26,6 +26,7 @@ import numpy as np
 
 from pipeline import arena
 from pipeline.kernels import colstats
+from pipeline.kernels.exact_sum import exact_sum
 from pipeline.kernels.intrinsics import base
 from pipeline.store import format as fmt
 
@@ -301,7 +302,7 @@ def data_scale(store) -> dict:
     _, count, sumsq = read_stats(f"{store.path}/{store.manifest['stats']}")
     rows = int(sum(e["rows"] for e in store.entries("train")))
     nnz = int(count.sum())
-    ss = float(sumsq.sum())
+    ss = exact_sum(sumsq)  # correctly rounded: the same in every feature order (pipeline/kernels/exact_sum.py)
     if not math.isfinite(ss):  # values past ~1e154: their squares overflow float64, no step or scale is finite
         raise ValueError(f"{store.path}: the squares of its values overflow float64 (the largest |x| is past "
                          f"~1e154): no step size is finite on such data; rescale the features before ingesting")
