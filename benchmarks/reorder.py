@@ -1,12 +1,12 @@
 """`sparsepipe reorder` against re-ingesting, whole commands: what a store that keeps the input's ids costs to bring
 into frequency order, and what training gains from it.
 
-    python -m benchmarks.reorder SRC.svm [--work DIR] [--workers 2] [--algo tg] [--passes 3] [--keep]
+    python -m benchmarks.reorder SRC.svm [--work DIR] [--workers 2] [--algo tg] [--passes 3] [--reps 2] [--keep]
 
 On one LIBSVM file: `ingest --feature-order given` (the store a user has), `reorder` of it, and `ingest` with the
 default (`auto`: the same file ingested again, numbered from a sample; the alternative when the inputs are still at
 hand), each with its wall time and peak memory; then `train --algo ALGO` on the given store and on the reordered
-copy, alternated twice, each model compared bit for bit. The page cache is not dropped (the reorder reads the store
+copy, alternated ``--reps`` times, each model compared bit for bit. The page cache is not dropped (the reorder reads the store
 the ingest just wrote, as a user's would); the ingest's input is read cold only if the machine's memory cannot hold
 it. Results: bench-out/reorder.{json,md}; the stores are deleted unless ``--keep``.
 """
@@ -30,6 +30,7 @@ def main(argv=None):
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--algo", default="tg")
     ap.add_argument("--passes", type=int, default=3)
+    ap.add_argument("--reps", type=int, default=2, help="train runs on each store, alternated")
     ap.add_argument("--keep", action="store_true")
     a = ap.parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="reorder-", dir=a.work or a.src.parent))
@@ -45,7 +46,7 @@ def main(argv=None):
         rows.append({"step": "ingest (auto: frequency from a sample)", **fig})
         shutil.rmtree(f)
         models = {}
-        for rep in range(2):
+        for rep in range(a.reps):
             for name, store in (("given", g), ("reordered", r)):
                 m = str(work / f"{name}-{rep}.npz")
                 s, fig = command(["train", store, "--algo", a.algo, "--passes", str(a.passes), "--out", m, *w])
