@@ -485,9 +485,12 @@ def _run_locked(cfg, reg, lock, clients, new_inputs, force, steps, t_all, say):
                 raise JobError(f"{cfg.store}: the job would have no evaluation set, and nothing was appended: "
                                f"{_no_holdout(cfg)}")
             say("append", f"appending {len(todo)} input(s) to {cfg.store}")
-            ingest(todo, cfg.store, opts, append=st is not None, client=clients.ingest_client(),
-                   progress=lambda *a: fault("during_append"))
+            summary = ingest(todo, cfg.store, opts, append=st is not None, client=clients.ingest_client(),
+                             progress=lambda *a: fault("during_append"))
             fault("after_append")
+            for note in summary["notes"]:  # what `ingest` would print (e.g. a store grown past auto's order)
+                say("append", f"note: {note}")
+            result["append_notes"] = summary["notes"]
         st = open_store(cfg.store)
         known = {s["fingerprint"]: s for s in st.manifest["sources"]}
         for i in inputs:

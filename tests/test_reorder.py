@@ -165,3 +165,30 @@ def test_an_append_that_grows_a_store_past_autos_thresholds_points_to_reorder(tm
     ingest([str(a)], explicit, IngestOptions(feature_order="given"), client=client)
     assert not any("reorder" in n for n in ingest([str(b)], explicit, IngestOptions(), append=True,
                                                   client=client)["notes"])
+
+
+def test_the_nightly_job_passes_the_note_on(tmp, monkeypatch):
+    """The store a nightly job grows is the one that begins small: its append's note reaches the job's output."""
+    from pipeline.retrain import EXIT_OK, load_job, run_job
+    from pipeline.synth import synth
+    from tests.test_retrain import JOB
+
+    days = []
+    for k in (1, 2):
+        days.append(str(tmp / f"day{k}.svm"))
+        synth(days[-1], rows=600, features=3000, nnz_per_row=20, seed=k, model_seed=7)
+    d = tmp / "job"
+    d.mkdir()
+    (d / "job.toml").write_text(JOB.format(d=d))
+    said = []
+
+    def night(day):
+        return run_job(load_job(str(d / "job.toml")), [day], progress=lambda step, msg: said.append(msg))
+
+    code, first = night(days[0])
+    assert code == EXIT_OK and not first.get("append_notes")
+    monkeypatch.setattr(order, "ORDER_MIN_BYTES", os.path.getsize(days[0]) + 1)
+    monkeypatch.setattr(order, "ORDER_MIN_WIDTH", 2)
+    code, second = night(days[1])
+    assert code == EXIT_OK and any("sparsepipe reorder" in n for n in second["append_notes"])
+    assert any(m.startswith("note: ") and "sparsepipe reorder" in m for m in said)
