@@ -6,9 +6,10 @@ into frequency order, and what training gains from it.
 On one LIBSVM file: `ingest --feature-order given` (the store a user has), `reorder` of it, and `ingest` with the
 default (`auto`: the same file ingested again, numbered from a sample; the alternative when the inputs are still at
 hand), each with its wall time and peak memory; then `train --algo ALGO` on the given store and on the reordered
-copy, alternated ``--reps`` times, each model compared bit for bit. The page cache is not dropped (the reorder reads the store
-the ingest just wrote, as a user's would); the ingest's input is read cold only if the machine's memory cannot hold
-it. Results: bench-out/reorder.{json,md}; the stores are deleted unless ``--keep``.
+copy, alternated ``--reps`` times, each model compared bit for bit. The page cache is not dropped (the reorder
+reads the store the ingest just wrote, as a user's would); the ingest's input is read cold only if the machine's
+memory cannot hold it: at 350k rows the `auto` ingest pushes the reordered store out of it, so the first train on
+that store reads it from the disk. Results: bench-out/reorder.{json,md}; the stores are deleted unless ``--keep``.
 """
 from __future__ import annotations
 
@@ -61,7 +62,8 @@ def main(argv=None):
     finally:
         if not a.keep:
             shutil.rmtree(work, ignore_errors=True)
-    report("reorder", {**res, "steps": rows}, rows, ["step", "wall_s", "train_s", "peak_rss_gb", "peak_uss_gb", "error"])
+    report("reorder", {**res, "steps": rows}, rows,
+           ["step", "wall_s", "train_s", "peak_rss_gb", "peak_uss_gb", "error"])
 
 
 if __name__ == "__main__":

@@ -725,7 +725,8 @@ def _check_append_options(out: str, old: dict, o: IngestOptions) -> None:
     have = (old.get("feature_order") or {}).get("kind", "given")
     if o.feature_order != "auto" and o.feature_order != have:
         raise IngestError(f"{out}: the store's features are in {have} order (set by its first ingest, or by "
-                          f"`sparsepipe reorder`); an append keeps it: leave out --feature-order or give --feature-order {have}")
+                          f"`sparsepipe reorder`); an append keeps it: leave out --feature-order or give "
+                          f"--feature-order {have}")
     if old.get("data_dtype", "float32") != o.dtype:
         raise IngestError(f"{out}: the store's values are {old.get('data_dtype')}; append with --dtype "
                           f"{old.get('data_dtype')} (got --dtype {o.dtype})")

@@ -25,7 +25,6 @@ from collections import deque
 import numpy as np
 
 from pipeline.cluster import slots
-
 from pipeline.store import format as fmt
 from pipeline.store import order as forder
 from pipeline.store import stats
