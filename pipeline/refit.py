@@ -448,6 +448,20 @@ def support_stats(st, support) -> tuple[np.ndarray, np.ndarray]:
     return count, ss
 
 
+def support_positions(st, support) -> np.ndarray | None:
+    """For a store in frequency order (:mod:`pipeline.store.order`): perm[r] = the position of the r-th column of the
+    ascending ``support`` (store ids) among S's input ids ascending, the order of the optimiser's vectors; None when
+    the two orders agree. Every sum over S (L-BFGS's dot products, norms, the line search) then adds in the same
+    order as on the input's order, so the refit is the same bit for bit; the workers keep their positions."""
+    if not st.feature_order or not support.size:
+        return None
+    from pipeline.store.order import ids_external
+
+    perm = np.empty(support.size, dtype=np.int64)
+    perm[np.argsort(ids_external(support, st.order_maps[1]), kind="stable")] = np.arange(support.size)
+    return None if np.array_equal(perm, np.arange(support.size)) else perm
+
+
 def compacted_bytes(st, support, blocks=None, counts=None) -> int:
     """The training blocks compacted to ``support`` (:func:`compacted`), in bytes: its non-zeros over the whole
     training split (``counts``, or the store's statistics read here; an upper bound for a window of ``blocks``) as
@@ -509,6 +523,10 @@ class RefitProblem:
         self.n_rows = int(sum(e["rows"] for e in entries))
         self.label_kind = st.label_kind
         self.sig = support_signature(self.support, st.n_features)
+        self.perm = support_positions(st, self.support)
+        # the columns of S in the order of the optimiser's vectors: the input's ids ascending (self.support is
+        # ascending in the store's ids, which the workers' compacted blocks use)
+        self.ids = self.support if self.perm is None else self.support[np.argsort(self.perm)]
         self.cache_bytes = int(cache_bytes)
         self.split = (float(split[0]), int(split[1]))
         self.client = client
@@ -522,14 +540,35 @@ class RefitProblem:
         self._count_lock = threading.Lock()  # the validated path's l2 segments evaluate from threads of their own
         self.cancelled = threading.Event()  # set: every evaluation raises (a segment failed or was interrupted)
         self.progress = progress  # called with the evaluation count after every evaluation
-        self._store, self._scale, self._stats = st, None, stats  # stats: :func:`support_stats` when known
+        # stats: :func:`support_stats` when known (in the store's id order, like ``support``)
+        self._store, self._scale = st, None
+        self._stats = None if stats is None else tuple(self.placed(a) for a in stats)
         self.cache_bytes = self.fitting_cache(self.cache_bytes)
 
     def support_stats(self) -> tuple[np.ndarray, np.ndarray]:
-        """(non-zero count, sum of squares) of each column of S over the training split (store statistics)."""
+        """(non-zero count, sum of squares) of each column of S over the training split (store statistics), in
+        the vectors' order."""
         if self._stats is None:
-            self._stats = support_stats(self._store, self.support)
+            self._stats = tuple(self.placed(a) for a in support_stats(self._store, self.support))
         return self._stats
+
+    def placed(self, v) -> np.ndarray:
+        """A vector over S in the store's id order (the workers') in the order of the optimiser's vectors."""
+        v = np.asarray(v)
+        if self.perm is None:
+            return v
+        out = np.empty_like(v)
+        out[self.perm] = v
+        return out
+
+    def ranked(self, v) -> np.ndarray:
+        """The inverse of :meth:`placed` (along the first axis)."""
+        return np.asarray(v) if self.perm is None else np.asarray(v)[self.perm]
+
+    def position_of(self, ids) -> np.ndarray:
+        """Positions in the optimiser's vectors of the columns ``ids`` (store ids, all in S)."""
+        r = np.searchsorted(self.support, np.asarray(ids, dtype=np.int64))
+        return r if self.perm is None else self.perm[r]
 
     def fitting_cache(self, cache_bytes: int) -> int:
         """The block cache per worker (:func:`_cached`): ``cache_bytes``, or what the workers' smallest memory_limit
@@ -551,7 +590,7 @@ class RefitProblem:
         """∂/∂w_j of the mean loss at theta (w on S) for every column j of the width: one pass over the training
         blocks' full rows, partial sums added on the client in block order (deterministic)."""
         theta = np.asarray(theta, dtype=np.float64)
-        w = self._ship(theta[:-1], len(self.data.keys))
+        w = self._ship(self.ranked(theta[:-1]), len(self.data.keys))
         g = np.zeros(self.data.n_features, dtype=np.float64)
         for idx, vals in in_order(lambda b: self.ex.submit_pinned(b, full_gradient_task, self.data, b, self.sup_ref,
                                                                   self.sig, w, float(theta[-1]), self.code),
@@ -586,13 +625,20 @@ class RefitProblem:
         (:func:`chunk_task`), the chunks' vectors added on the client in the fixed tree's order (:func:`tree_sum`,
         the engine's ``tree``: deterministic), not by more tasks (each one more round trip). ``cols``: w is on
         those positions of S only (sorted), the others 0; :meth:`columns`' handle, or the positions themselves."""
-        extra = () if cols is None else cols if isinstance(cols, tuple) else self.columns(cols)
-        return self._over_chunks(chunk_task, w, float(bias), self.code, self.cache_bytes, self.split, part, *extra)
+        if cols is not None:  # w and the result are per column of W, in its order
+            extra = cols if isinstance(cols, tuple) else self.columns(cols)
+            return self._over_chunks(chunk_task, w, float(bias), self.code, self.cache_bytes, self.split, part, *extra)
+        tot = self._over_chunks(chunk_task, self.ranked(w), float(bias), self.code, self.cache_bytes, self.split, part)
+        tot[4:] = self.placed(tot[4:])
+        return tot
 
     def columns(self, cols) -> tuple:
         """A working set W ⊆ S (sorted positions in S) for :meth:`sums` / :meth:`evaluate`: (positions, shipped
         as :meth:`_ship` ships w, and their signature), prepared once for the evaluations of an L1 solve's round."""
-        cols = np.ascontiguousarray(cols, dtype=np.int64)
+        cols = np.asarray(cols, dtype=np.int64)
+        if self.perm is not None:  # the workers' positions of the same columns, in the same order
+            cols = np.argsort(self.perm)[cols]
+        cols = np.ascontiguousarray(cols)
         return self._ship(cols, self._tasks()), support_signature(cols, self.support.size)
 
     def _tasks(self) -> int:
@@ -609,7 +655,7 @@ class RefitProblem:
     def paired(self, thetas: list, ref: int) -> tuple[np.ndarray, np.ndarray]:
         """(mean, standard error) over the validation rows of d_c = ℓ(thetas[c]) − ℓ(thetas[ref]) per row, for every
         c: one pass over the training blocks (needs a split), sums in the fixed tree order (:func:`paired_task`)."""
-        W = np.stack([np.asarray(t, dtype=np.float64)[:-1] for t in thetas], axis=1)
+        W = self.ranked(np.stack([np.asarray(t, dtype=np.float64)[:-1] for t in thetas], axis=1))
         biases = np.array([float(t[-1]) for t in thetas])
         rows, s1, s2 = self._over_chunks(paired_task, W, biases, int(ref), self.code, self.cache_bytes, self.split)
         m = rows[0]  # every column counts the same rows
@@ -962,11 +1008,12 @@ def kkt_expand(prob: RefitProblem, x, res, l1: float, rounds: int, max_iter: int
             break
         take = viol[np.argsort(-ratio[viol], kind="stable")[:prob.support.size // 2 + 100]]
         support = np.union1d(prob.support, take)
-        theta = np.zeros(support.size + 1)
-        theta[np.searchsorted(support, prob.support)] = x[:-1]
-        theta[-1] = x[-1]
+        old = prob
         prob = RefitProblem(prob._store.path, support, l2=prob.l2, loss=prob.loss, client=prob.client,
                             blocks=prob.data.keys, cache_bytes=prob.cache_bytes, progress=prob.progress)
+        theta = np.zeros(support.size + 1)
+        theta[prob.position_of(old.ids)] = x[:-1]
+        theta[-1] = x[-1]
         x, res = solve(prob, theta, l1, "all", max_iter, tol)
         evaluations += prob.evaluations
         report["rounds"] += 1
@@ -1034,7 +1081,7 @@ def refit(model, store_path: str, client=None, l2: float = DEFAULT_L2, max_iter:
         prob = RefitProblem(store_path, support, l2=l2, loss=loss, client=client, blocks=blocks,
                             cache_bytes=cache_bytes, split=split, progress=progress, stats=stats)
         try:
-            x0 = np.append(w0, float(model.bias))
+            x0 = np.append(prob.placed(w0), float(model.bias))
             f0, g0 = prob.evaluate(x0)
             active, phi, gamma, a = None, None, None, None
             if l1 == "auto":
@@ -1078,6 +1125,7 @@ def refit(model, store_path: str, client=None, l2: float = DEFAULT_L2, max_iter:
     meta.pop("n_paths_saved", None)
     meta["holdout"] = None  # the sparse model's metrics are in meta["refit"]["holdout_before"]; fit() re-measures
     learner = model.learner or (model.coef_indices, model.coef_values, float(model.bias))  # a refit of a refit: the first
-    out = Model(model.n_features, prob.support[keep], w[keep], bias, meta=meta, states=model.states,
+    o = np.argsort(prob.ids[keep], kind="stable")
+    out = Model(model.n_features, prob.ids[keep][o], w[keep][o], bias, meta=meta, states=model.states,
                 gstate=model.gstate, learner=learner)
     return out if given is model else model_external(out, st)

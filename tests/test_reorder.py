@@ -192,3 +192,19 @@ def test_the_nightly_job_passes_the_note_on(tmp, monkeypatch):
     code, second = night(days[1])
     assert code == EXIT_OK and any("sparsepipe reorder" in n for n in second["append_notes"])
     assert any(m.startswith("note: ") and "sparsepipe reorder" in m for m in said)
+
+
+def test_the_refit_and_its_kkt_expansion_are_the_same_on_a_reordered_copy(pair, client):
+    """The refit's vectors over S follow the input's ids on either store (refit.support_positions), also when the
+    KKT rounds add columns to S."""
+    from pipeline.model import Model
+    from pipeline.refit import refit
+    from pipeline.train import fit
+
+    g, r, _, _ = pair
+    m = fit(g, "ftrl", {}, passes=1, paths=1, client=client, evaluate=False)
+    narrow = Model(m.n_features, m.coef_indices[::3], m.coef_values[::3], m.bias, meta=m.meta)
+    kw = dict(l1=1e-3, l2=1e-6, max_iter=60, kkt_rounds=1, client=client)
+    a, b = refit(narrow, g, **kw), refit(narrow, r, **kw)
+    assert a.meta["refit"]["kkt"]["rounds"] == 1 and a.meta["refit"]["kkt"]["added"] > 0
+    assert same_model(a, b) and a.meta["refit"]["objective"] == b.meta["refit"]["objective"]
