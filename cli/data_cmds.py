@@ -123,8 +123,8 @@ def reorder(
 ):
     """Copy STORE with its features numbered by frequency (the order `ingest --feature-order frequency` writes), for
     faster training at large widths: the store's own counts order them. Rows, labels, holdout and sources stay;
-    models keep the input's ids, sgd's, tg's and ftrl's the same bit for bit (stsgd's refit may end a few non-zeros
-    apart). STORE is not changed; OUT appears only when complete."""
+    a model trained on it is the one trained on STORE, bit for bit. STORE is not changed; OUT appears only when
+    complete."""
     from pipeline.reorder import reorder as run_reorder
 
     bar = Progress("reorder", None, "blocks")

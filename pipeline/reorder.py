@@ -5,9 +5,9 @@ For a store whose ingest kept the input's ids: one ingested before `--feature-or
 again; the store itself holds the rows. The order comes from the store's own feature statistics: the exact non-zero
 counts of its training split, the most frequent first (ties: the lower id), where an ingest samples 64 MiB.
 
-Each block is read (its checksum checked), its ids renumbered (rows keep their order and values, so every model a
-kernel learns is the same to the last bit, in the input's ids; stsgd's refit adds its vectors over the support in the
-store's id order, and can end a few non-zeros apart) and written with a new checksum, one task per block.
+Each block is read (its checksum checked), its ids renumbered (rows keep their order and values, so every model is
+the same to the last bit, in the input's ids: tested for sgd, tg, ftrl and stsgd with its refit) and written with a
+new checksum, one task per block.
 The statistics keep their sums: each feature's entry moves to its new id. The copy is written beside ``out`` and
 renamed into place when complete, so ``out`` is the whole store or absent, as after an ingest. The source store is
 read under the shared lock (an append waits) and is not changed. The copy keeps the store's id, its blocks, holdout,
