@@ -524,9 +524,10 @@ class RefitProblem:
         self.label_kind = st.label_kind
         self.sig = support_signature(self.support, st.n_features)
         self.perm = support_positions(st, self.support)
+        self.rank_at = None if self.perm is None else np.argsort(self.perm)  # the inverse: position -> rank
         # the columns of S in the order of the optimiser's vectors: the input's ids ascending (self.support is
         # ascending in the store's ids, which the workers' compacted blocks use)
-        self.ids = self.support if self.perm is None else self.support[np.argsort(self.perm)]
+        self.ids = self.support if self.perm is None else self.support[self.rank_at]
         self.cache_bytes = int(cache_bytes)
         self.split = (float(split[0]), int(split[1]))
         self.client = client
@@ -637,7 +638,7 @@ class RefitProblem:
         as :meth:`_ship` ships w, and their signature), prepared once for the evaluations of an L1 solve's round."""
         cols = np.asarray(cols, dtype=np.int64)
         if self.perm is not None:  # the workers' positions of the same columns, in the same order
-            cols = np.argsort(self.perm)[cols]
+            cols = self.rank_at[cols]
         cols = np.ascontiguousarray(cols)
         return self._ship(cols, self._tasks()), support_signature(cols, self.support.size)
 
