@@ -102,10 +102,13 @@ def info(store: Path = typer.Argument(..., help="Store directory."),
                f"input files as given, compressed or not (ratio {d['compression_ratio']:.2f})")
     typer.echo(f"skipped      {d['skipped_lines']} lines")
     fo = d["feature_order"]
-    where = ("" if not fo else "counted in the training split (`sparsepipe reorder`)" if fo.get("source") ==
-             "statistics" else f"seen in a {fo['sample_bytes'] / 2**20:,.1f} MiB sample")
-    typer.echo("order        " + (f"features numbered by frequency: the {fo['hot']:,} {where} first (models keep the "
-                                  f"input's ids)" if fo else "the input's feature ids"))
+    if not fo:
+        typer.echo("order        the input's feature ids")
+    else:
+        where = ("counted in the training split (`sparsepipe reorder`)" if fo.get("source") == "statistics"
+                 else f"seen in a {fo['sample_bytes'] / 2**20:,.1f} MiB sample")
+        typer.echo(f"order        features numbered by frequency: the {fo['hot']:,} {where} first (models keep the "
+                   f"input's ids)")
     for s in d["sources"]:
         typer.echo(f"source       {s['path']}  ({s['rows']:,} rows, generation {s['generation']}, {s['ingested_at']})")
     o = d["options"]

@@ -30,14 +30,22 @@ def slots(client) -> int:
 def in_order(submit, n: int, window: int, result=lambda fut: fut.result()):
     """The results of ``submit(i)`` for i = 0..n-1, yielded in order of i, with the next ones submitted ahead so that
     ``window`` stay in flight while the caller handles one (the workers kept busy, memory bounded). ``result``
-    waits for what ``submit`` returned (a future's ``result()`` by default)."""
+    waits for what ``submit`` returned (a future's ``result()`` by default). A failed task's error is raised once
+    the others in flight have ended and no new one has started, so that none still writes where the caller cleans
+    up."""
     pending = deque()
-    for i in range(n):
-        pending.append(submit(i))
-        if len(pending) > window:
+    try:
+        for i in range(n):
+            pending.append(submit(i))
+            if len(pending) > window:
+                yield result(pending.popleft())
+        while pending:
             yield result(pending.popleft())
-    while pending:
-        yield result(pending.popleft())
+    except Exception:
+        while pending:
+            with contextlib.suppress(Exception):
+                result(pending.popleft())
+        raise
 
 
 class ThreadClient:

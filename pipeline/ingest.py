@@ -465,8 +465,7 @@ def sample_task(sources: list[dict], opts: dict) -> tuple[np.ndarray, int, int]:
                 done += end - first
     ids = np.concatenate(ids) if ids else np.zeros(0, np.int64)
     feature, counts = np.unique(ids, return_counts=True)
-    hot = feature[np.argsort(-counts, kind="stable")]
-    hot = hot.astype(np.int32 if not hot.shape[0] or hot.max() < 2**31 else np.int64)
+    hot = forder.by_frequency(feature, counts)[0]
     return hot, done, int(feature[-1]) + 1 if feature.shape[0] else 0
 
 
@@ -498,8 +497,7 @@ def _choose_order(c, root: str, old: dict | None, sources: list[dict], o: Ingest
 def _grown_past_order_thresholds(old: dict | None, order: dict | None, sources: list[dict], width: int) -> bool:
     """Whether this append takes a store in the input's order (not asked for with ``given``) past ``auto``'s
     thresholds for a feature order by frequency: said once, when it crosses them."""
-    first = (old or {}).get("options", {}).get("history") or [{}]
-    if old is None or order or first[0].get("feature_order") == "given":
+    if old is None or order or (old.get("options", {}).get("history") or [{}])[0].get("feature_order") == "given":
         return False
     before = sum(int(s.get("size") or 0) for s in old.get("sources", []))
     after = before + sum(int(s.get("size") or 0) for s in sources)

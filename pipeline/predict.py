@@ -30,9 +30,8 @@ def _rows_of_text(path: str, zero_based: bool):
 def predict_to_file(model, input_path: str, out_path: str, zero_based: bool = False) -> int:
     """Write 'label score' per row of ``input_path`` (LIBSVM text or store directory); returns the row count."""
     if os.path.isdir(input_path):
-        from pipeline.store.reader import open_store
-
         from pipeline.store.order import model_internal
+        from pipeline.store.reader import open_store
 
         st = open_store(input_path)
         model = model_internal(model, st)  # the blocks' ids

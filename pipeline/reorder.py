@@ -21,11 +21,10 @@ import os
 import shutil
 import time
 import uuid
-from collections import deque
 
 import numpy as np
 
-from pipeline.cluster import slots
+from pipeline.cluster import in_order, slots
 from pipeline.store import format as fmt
 from pipeline.store import order as forder
 from pipeline.store import stats
@@ -33,17 +32,6 @@ from pipeline.store import stats
 
 class ReorderError(ValueError):
     """A store that cannot be reordered, or an output that cannot be written; nothing was written."""
-
-
-def hot_of_statistics(feature: np.ndarray, count: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(hot, at): the features present in a statistics set (``feature`` ascending), the most frequent first, ties by
-    the lower id (the ``hot`` array of :mod:`pipeline.store.order`), and their positions in the set. Every present
-    feature is hot, so hot[i] becomes feature i: the set in the new order is (i, count[at[i]], sumsq[at[i]])."""
-    count = np.asarray(count)
-    present = np.flatnonzero(count > 0)
-    at = present[np.argsort(-count[present].astype(np.int64), kind="stable")]
-    hot = np.asarray(feature)[at]
-    return hot.astype(np.int32 if not hot.shape[0] or hot.max() < 2**31 else np.int64), at
 
 
 def reorder_block_task(src: str, version: int, key: str, root: str, digest: str) -> dict:
@@ -94,7 +82,7 @@ def reorder(store: str, out: str, *, workers: int | None = None, scheduler: str 
             raise ReorderError(f"{store}: its features are already numbered by frequency (manifest "
                                f"feature_order {st.feature_order['digest']}); nothing to do")
         feature, count, sumsq = stats.read_stats(f"{st.path}/{old['stats']}")
-        hot, at = hot_of_statistics(feature, count)
+        hot, at = forder.by_frequency(feature, count)
         if not hot.shape[0]:
             raise ReorderError(f"{store}: its training split holds no feature; nothing to order")
         for stale in glob.glob(glob.escape(out) + ".tmp-*"):  # a killed reorder's
@@ -126,25 +114,16 @@ def reorder(store: str, out: str, *, workers: int | None = None, scheduler: str 
 
 
 def _blocks(c, src: str, version: int, keys: list, root: str, digest: str, progress) -> dict:
-    """{key: reorder_block_task's result} of every block, two tasks per worker in flight. After a failed task no
-    new one starts and those running are waited for before the error is raised, so that none writes into ``root``
-    once the caller has removed it."""
-    window, pending, out, error, i = 2 * slots(c), deque(), {}, None, 0
-    while pending or (error is None and i < len(keys)):
-        while error is None and i < len(keys) and len(pending) < window:
-            pending.append(c.submit(reorder_block_task, src, version, keys[i], root, digest,
-                                    key=f"reorder-{keys[i]}-{uuid.uuid4().hex[:6]}", pure=False))
-            i += 1
-        try:
-            r = pending.popleft().result()
-        except Exception as e:  # noqa: BLE001  raised once the running tasks have ended
-            error = error or e
-            continue
+    """{key: reorder_block_task's result} of every block, two tasks per worker in flight (:func:`in_order`: after a
+    failed task, the running ones end before its error is raised, so none writes into ``root`` once the caller has
+    removed it)."""
+    out = {}
+    for r in in_order(lambda i: c.submit(reorder_block_task, src, version, keys[i], root, digest,
+                                         key=f"reorder-{keys[i]}-{uuid.uuid4().hex[:6]}", pure=False),
+                      len(keys), 2 * slots(c)):
         out[r["key"]] = r
         if progress:
             progress(len(out), len(keys))
-    if error is not None:
-        raise error
     return out
 
 

@@ -56,6 +56,16 @@ def maps(hot: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return to_int, to_ext
 
 
+def by_frequency(feature: np.ndarray, count: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(hot, at): the features of ``feature`` (ascending) with a count above 0, the most frequent first, ties by the
+    lower id, as the ``hot`` array (int32 below 2^31 ids), and their positions in ``feature``."""
+    count = np.asarray(count)
+    present = np.flatnonzero(count > 0)
+    at = present[np.argsort(-count[present].astype(np.int64), kind="stable")]
+    hot = np.asarray(feature)[at]
+    return hot.astype(np.int32 if not hot.shape[0] or hot.max() < 2**31 else np.int64), at
+
+
 def digest(hot: np.ndarray) -> str:
     """A short digest naming the order (recorded in the manifest and in the models trained on the store)."""
     return hashlib.sha256(np.ascontiguousarray(hot, dtype=np.int64).tobytes()).hexdigest()[:16]
