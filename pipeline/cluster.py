@@ -122,6 +122,19 @@ def as_completed(client, futures):
     return dask_as_completed(futures)
 
 
+def wait(client, futures) -> None:
+    """Return once every one of ``futures`` (of ``client``) has ended, done or failed, fetching nothing (their
+    errors surface where their results are used)."""
+    if isinstance(client, ThreadClient):
+        from concurrent.futures import wait as wait_all
+
+        wait_all(futures)
+    else:
+        from distributed import wait as wait_all
+
+        wait_all(futures)
+
+
 @contextlib.contextmanager
 def dask_client(workers: int | None = None, scheduler: str | None = None, client=None, threads: int = 1):
     """Yield a client: ``distributed.Client`` or :class:`ThreadClient`.

@@ -754,23 +754,47 @@ def _run_tasks(c, root, tasks, o, total_bytes, progress, order=None):
     return results
 
 
-def _sum_source_stats(c, root: str, keys: list[str], width: int, base: str | None, out: str) -> int:
+def _sum_source_stats(c, root: str, keys: list[str], width: int, base: str | None, out: str,
+                      drop: list[str]) -> int:
     """The training split's statistics, on the workers: one task, or (more than :data:`stats.BAND_ENTRIES`
     entries to add) one task per feature band, at most two per worker, and one that writes their parts in
-    feature order. The bands' edges follow the last block's features; the sums are the same either way.
-    Returns the number of bands."""
-    from pipeline.cluster import slots
+    feature order. The bands' edges follow the largest block's features; the sums are the same either way.
+    Then the statistics of the blocks ``drop`` are removed, while the parts are written. Returns the number of
+    bands."""
+    from pipeline.cluster import slots, wait
 
     groups = _stats_groups(root, keys, base)
-    bands = min(2 * slots(c), -(-sum(stats.stats_size(g) for g in groups) // stats.BAND_ENTRIES))
-    sample = fmt.raw_map(groups[-1], stats.BLOCK_STATS[0]) if keys and bands > 1 else None
+    sizes = [stats.stats_size(g) for g in groups]
+    bands = min(2 * slots(c), -(-sum(sizes) // stats.BAND_ENTRIES))
+    sample = None
+    if keys and bands > 1:  # a whole block's features: the last one (the input's tail) may hold a few rows
+        first = len(groups) - len(keys)
+        sample = fmt.raw_map(groups[first + int(np.argmax(sizes[first:]))], stats.BLOCK_STATS[0])
     edges = stats.band_edges(sample if sample is not None else np.zeros(0, np.int64), width, bands)
     if len(edges) <= 2:
         c.submit(source_stats_task, root, keys, width, base, out, pure=False).result()
+        c.gather(_drop_block_stats(c, root, drop))
         return 1
     parts = [c.submit(band_stats_task, root, keys, base, lo, hi, pure=False) for lo, hi in zip(edges, edges[1:])]
-    c.submit(_write_source_stats, root, out, width, *parts, pure=False).result()
+    wait(c, parts)
+    c.gather([c.submit(_write_source_stats, root, out, width, *parts, pure=False), *_drop_block_stats(c, root, drop)])
     return len(parts)
+
+
+def _drop_block_stats(c, root: str, keys: list[str]) -> list:
+    """Futures removing the statistics of the blocks ``keys`` (summed), two tasks per worker: at 350k webspam-like
+    rows 5.7 GB in 1,092 files, 1.5-1.9 s on the client alone."""
+    from pipeline.cluster import slots
+
+    step = -(-len(keys) // (2 * slots(c))) or 1
+    return [c.submit(drop_block_stats_task, root, keys[i:i + step], pure=False) for i in range(0, len(keys), step)]
+
+
+def drop_block_stats_task(root: str, keys: list[str]) -> None:
+    """Dask task: remove the statistics of the blocks ``keys`` once the commit has added them."""
+    for k in keys:
+        for name in stats.BLOCK_STATS:
+            shutil.rmtree(f"{root}/blocks/{k}/{name}", ignore_errors=True)
 
 
 def _clean_orphans(out: str, manifest: dict) -> None:
@@ -870,10 +894,9 @@ def _commit(c, root, out, old, sources, tasks, results, o, generation, t0, order
     version = (old["manifest_version"] + 1) if old else 1
     stats_path = f"stats/v{version:06d}"
     new_train = [e["key"] for e in entries if e.get("generation") == generation and e["split"] == "train"]
-    stats_bands = _sum_source_stats(c, root, new_train, width, old.get("stats") if old else None, stats_path)
-    for b in blocks:  # summed: the blocks' own statistics go before the manifest lists the blocks
-        for name in stats.BLOCK_STATS:
-            shutil.rmtree(f"{root}/blocks/{b['key']}/{name}", ignore_errors=True)
+    # summed, the blocks' own statistics go before the manifest lists the blocks
+    stats_bands = _sum_source_stats(c, root, new_train, width, old.get("stats") if old else None, stats_path,
+                                    [b["key"] for b in blocks])
     # skipped lines, beside the blocks
     skipped_file = None
     if skipped:

@@ -28,12 +28,17 @@ def numpy_sum(blocks, width):
 @pytest.mark.parametrize("n_blocks", [0, 1, 2, 7, 33])
 @pytest.mark.parametrize("width", [1, 63, 64, 65, 1000])
 def test_accumulated_stats_equal_numpy_bit_for_bit_and_scratch_comes_back_zero(n_blocks, width):
+    """colstats.band_adds, group after group into one accumulator, then harvest: np.add.at's sums."""
     rng = np.random.default_rng(n_blocks * 1000 + width)
     blocks = [random_block(rng, width, dtypes=((np.int32, np.int32) if k % 2 else (np.int64, np.int64)))
               for k in range(n_blocks)]
     acc, bits = stats.scratch(width)
-    for b in blocks:
-        stats.add_stats(acc, bits, *b)
+    for g in range(0, n_blocks, 3):  # groups of up to 3 sets, added one group after another
+        group = blocks[g:g + 3]
+        ptr = np.cumsum([0] + [b[0].shape[0] for b in group])
+        idx, cnt = (np.concatenate([b[k].astype(np.int64) for b in group]) for k in range(2))
+        ss = np.concatenate([b[2] for b in group])
+        colstats.band_adds(ptr, idx, ss, cnt, width, 1 + g % 70, acc.reshape(-1), bits, np.empty(len(group), np.int64))
     got = stats.harvest(acc, bits)
     want = numpy_sum(blocks, width)
     assert np.array_equal(got[0], want[0]) and np.array_equal(got[1], want[1])
@@ -54,12 +59,13 @@ def test_sparse_statistics_round_trip_and_dense_view(tmp_path):
 
 @pytest.mark.parametrize("n_blocks", [0, 1, 2, 5])
 @pytest.mark.parametrize("width", [400, 1_000_000])
-@pytest.mark.parametrize("gather_bytes", [0, 1 << 30])
-def test_sum_stats_gathers_or_accumulates_bit_identically(n_blocks, width, gather_bytes, monkeypatch):
-    """Sets that fit together are concatenated and summed band by band, others accumulated densely one by
-    one: both equal the reference bit for bit."""
+@pytest.mark.parametrize("gather_bytes,group_bytes", [(0, 1 << 26), (0, 16 * 300), (1 << 30, 1 << 26)])
+def test_sum_stats_gathers_or_accumulates_bit_identically(n_blocks, width, gather_bytes, group_bytes, monkeypatch):
+    """Sets that fit together are concatenated and summed band by band, others added group after group (one
+    group, or several of a few sets) into a dense accumulator: both equal the reference bit for bit."""
     stats.release_scratch()
     monkeypatch.setattr(stats, "GATHER_BYTES", gather_bytes)
+    monkeypatch.setattr(stats, "GROUP_BYTES", group_bytes)
     rng = np.random.default_rng(n_blocks + width)
     blocks = [random_block(rng, 400, dtypes=(np.int32, np.int32), max_len=400) for _ in range(n_blocks)]
     sizes = [b[0].shape[0] for b in blocks]

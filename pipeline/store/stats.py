@@ -53,17 +53,6 @@ def release_scratch() -> None:
 
 
 @numba.njit(cache=True, nogil=True)
-def add_stats(acc, bits, idx, nnz, sumsq, lo=0):
-    """acc[idx - lo, 0] += nnz; acc[idx - lo, 1] += sumsq; mark idx - lo in ``bits`` (idx unique within one set)."""
-    one = np.uint64(1)
-    for t in range(idx.shape[0]):
-        j = idx[t] - lo
-        acc[j, 0] += nnz[t]
-        acc[j, 1] += sumsq[t]
-        bits[j >> 6] |= one << np.uint64(j & 63)
-
-
-@numba.njit(cache=True, nogil=True)
 def harvest(acc, bits):
     """(touched features in increasing order, their counts, their sums of squares); reads only the
     marked rows of ``acc`` and hands ``acc`` and ``bits`` back zeroed."""
@@ -85,6 +74,9 @@ def harvest(acc, bits):
 # The concatenated sets of the banded sum cost 16 bytes per entry; they may take this much, or as much as
 # the dense accumulator (16 bytes per feature of the width) would, whichever is larger.
 GATHER_BYTES = 128 << 20
+# More sets than GATHER_BYTES allows are read in groups of this many bytes (16 per entry) and each group is added
+# into the width-sized accumulator band by band: at 350k webspam-like rows ~15 blocks' share of a commit's band.
+GROUP_BYTES = 64 << 20
 # A commit whose gathered sets take at most this much may keep them in the worker thread's reusable buffers
 # (pipeline.arena): a long-lived worker's next small commit then pays no page faults for them.
 REUSE_BYTES = 64 << 20
@@ -97,42 +89,61 @@ def sum_stats(loaders: list, sizes: list[int], width: int, reuse: bool = False, 
     ``loaders[k](out=(idx, cnt, ss))`` returns set k as three arrays, read into the heads of the given
     arrays where it can (see :func:`read_stats`); ``sizes[k]`` bounds its length. Sets that fit in memory
     together (see :data:`GATHER_BYTES`) are read side by side and summed band by band in the cache
-    (:func:`pipeline.kernels.colstats.band_sums`, one "row" per set); more go one by one through the
-    width-sized accumulator (its first touch costs ~0.3 s at webspam width on a fresh worker). Both add
-    each feature's values in list order: bit-identical results. ``reuse``: sets of at most
-    :data:`REUSE_BYTES` are gathered in, and summed into, this thread's :mod:`pipeline.arena` buffers
-    (the results are then views of them, valid until its next ``reuse`` work)."""
+    (:func:`pipeline.kernels.colstats.band_sums`, one "row" per set); more are read in such groups and added
+    group after group into the width-sized accumulator, band by band (:func:`pipeline.kernels.colstats.band_adds`;
+    its first touch costs ~0.3 s at webspam width on a fresh worker). Both add each feature's values in list
+    order: bit-identical results. ``reuse``: sets of at most :data:`REUSE_BYTES` are gathered in, and summed
+    into, this thread's :mod:`pipeline.arena` buffers (the results are then views of them, valid until its next
+    ``reuse`` work)."""
     total = sum(sizes)
+    idx_dtype = np.int32 if width < 2**31 else np.int64
     if total * 16 <= max(GATHER_BYTES, 16 * width):
         keep = reuse and total * 16 <= REUSE_BYTES
-        idx = arena.empty("stats.idx", total, np.int32 if width < 2**31 else np.int64, keep)
-        cnt = arena.empty("stats.cnt", total, np.int32, keep)  # block counts are int32; widened past 2**31
-        ss = arena.empty("stats.ss", total, np.float64, keep)
-        ptr, most = [0], 0  # most: a bound on any feature's summed count
-        for load, size in zip(loaders, sizes):
-            at = ptr[-1]
-            got = load(out=(idx[at:at + size], cnt[at:at + size], ss[at:at + size]))
-            n = got[0].shape[0]
-            most += int(got[1].max(initial=0))
-            if most > np.iinfo(cnt.dtype).max:
-                cnt = cnt.astype(np.int64)
-            for dst, src in zip((idx, cnt, ss), got):
-                if not np.may_share_memory(dst, src):
-                    dst[at:at + n] = src
-            if lo:
-                idx[at:at + n] -= lo
-            ptr.append(at + n)
+        bufs = (arena.empty("stats.idx", total, idx_dtype, keep), arena.empty("stats.cnt", total, np.int32, keep),
+                arena.empty("stats.ss", total, np.float64, keep))  # block counts are int32; widened past 2**31
+        ptr, (idx, cnt, ss) = _gather(loaders, sizes, bufs, lo)
         n = ptr[-1]
-        return colstats.column_stats(np.array(ptr, np.int64), idx[:n], ss[:n], width, counts=cnt[:n],
+        return colstats.column_stats(ptr, idx[:n], ss[:n], width, counts=cnt[:n],
                                      count_dtype=cnt.dtype, reuse=keep, ascending=True)  # sets: sorted
     acc, bits = scratch(width)
     try:
-        for load in loaders:
-            add_stats(acc, bits, *load(), lo)
+        cap = max(GROUP_BYTES // 16, max(sizes))
+        bufs = np.empty(cap, idx_dtype), np.empty(cap, np.int32), np.empty(cap, np.float64)
+        k = 0
+        while k < len(loaders):  # groups of sets that fill the buffers
+            end = k + 1
+            while end < len(loaders) and sum(sizes[k:end + 1]) <= cap:
+                end += 1
+            ptr, (idx, cnt, ss) = _gather(loaders[k:end], sizes[k:end], bufs, lo)
+            n = ptr[-1]
+            colstats.band_adds(ptr, idx[:n], ss[:n], cnt[:n], width, colstats.SETS_BAND, acc.reshape(-1), bits,
+                               np.empty(end - k, np.int64))
+            k = end
         return harvest(acc, bits)
     except BaseException:
         release_scratch()  # not known to be zero any more
         raise
+
+
+def _gather(loaders: list, sizes: list[int], bufs: tuple, lo: int) -> tuple:
+    """(ptr, (idx, cnt, ss)): the sets of ``loaders`` read one after another into the buffers ``bufs`` (counts
+    widened to int64 where their sum could pass int32), ids shifted by -``lo``; set k at ptr[k]:ptr[k + 1]."""
+    idx, cnt, ss = bufs
+    ptr, most = [0], 0  # most: a bound on any feature's summed count
+    for load, size in zip(loaders, sizes):
+        at = ptr[-1]
+        got = load(out=(idx[at:at + size], cnt[at:at + size], ss[at:at + size]))
+        n = got[0].shape[0]
+        most += int(got[1].max(initial=0))
+        if most > np.iinfo(cnt.dtype).max:
+            cnt = cnt.astype(np.int64)
+        for dst, src in zip((idx, cnt, ss), got):
+            if not np.may_share_memory(dst, src):
+                dst[at:at + n] = src
+        if lo:
+            idx[at:at + n] -= lo
+        ptr.append(at + n)
+    return np.array(ptr, np.int64), (idx, cnt, ss)
 
 
 # A commit whose statistics sets hold more entries than this sums them in feature bands, one task per band
@@ -158,8 +169,17 @@ def _band_bounds(group: str, lo: int, hi: int) -> tuple | None:
     layouts = [fmt.raw_layout(group, n) for n in BLOCK_STATS]
     if any(got is None for got in layouts):
         return None
-    a, b = np.searchsorted(fmt.raw_map(group, BLOCK_STATS[0], layouts[0]), [lo, hi])
-    return int(a), int(b), [dtype for dtype, _ in layouts]
+    a, b = _positions(fmt.raw_map(group, BLOCK_STATS[0], layouts[0]), lo, hi)
+    return a, b, [dtype for dtype, _ in layouts]
+
+
+def _positions(ids: np.ndarray, lo: int, hi: int) -> tuple[int, int]:
+    """[a, b): the positions of lo <= id < hi in the ascending ``ids``, searched in their own dtype (an int32 array
+    searched for Python ints was first copied to int64 whole: 0.6 ms per 64 MB block's set, 1,312 times a commit
+    at 350k webspam-like rows)."""
+    top = np.iinfo(ids.dtype).max
+    a, b = np.searchsorted(ids, np.array([min(lo, top), min(hi, top)], ids.dtype))
+    return int(a), int(b)
 
 
 def _band_read(group: str, lo: int, hi: int, bounds, out=None):
@@ -168,7 +188,7 @@ def _band_read(group: str, lo: int, hi: int, bounds, out=None):
     mapped for the whole sum stayed in the worker's resident set (3.7 GB at webspam scale)."""
     if bounds is None:
         f, c, s = read_stats(group)
-        a, b = np.searchsorted(f, [lo, hi])
+        a, b = _positions(f, lo, hi)
         return f[a:b], c[a:b], s[a:b]
     a, b, dtypes = bounds
     return tuple(fmt.read_raw(group, n, dt, a, b, o) for n, dt, o in zip(BLOCK_STATS, dtypes, out or (None,) * 3))
