@@ -242,7 +242,8 @@ def main(argv=None):
         if not store.exists():
             res, fig = command(["ingest", str(src), "--out", str(store), *W])
             steps.append({"step": "ingest", "mb_per_s": round(src.stat().st_size / 1e6 / fig["wall_s"], 1),
-                          "mb_per_s_per_core": round(src.stat().st_size / 1e6 / fig["wall_s"] / a.workers, 1), **fig})
+                          "mb_per_s_per_core": round(src.stat().st_size / 1e6 / fig["wall_s"] / a.workers, 1), **fig,
+                          "startup_s": res.get("startup_seconds"), "phase_s": res.get("phase_seconds")})
         if not a.no_verify:
             _, fig = command(["verify", str(store)])
             steps.append({"step": "verify", **fig})

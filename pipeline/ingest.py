@@ -636,7 +636,9 @@ def ingest(inputs: list[str], out: str, options: IngestOptions | None = None, *,
     """Ingest LIBSVM files into the block store at ``out`` (new, or ``append`` to an existing one).
 
     Returns the summary dict (n_rows, n_features, nnz, n_blocks, holdout_blocks, seconds, bytes_read, ...);
-    ``seconds`` is the ingest itself, ``startup_seconds`` the cluster start before it.
+    ``seconds`` is the ingest itself, ``startup_seconds`` the cluster start before it; ``phase_seconds`` splits
+    ``seconds`` into choosing the feature order (sampling the inputs), parsing and writing the blocks, adding
+    their statistics, and the rest of the commit.
     ``progress(bytes_done, rows_done, bytes_total)`` is called as blocks finish.
     """
     from pipeline.cluster import dask_client
@@ -696,9 +698,16 @@ def ingest(inputs: list[str], out: str, options: IngestOptions | None = None, *,
                              threads=PARSE_TASKS_PER_CORE if _uncacheable(total) else 1) as c:
                 t_ready = time.time()
                 order = _choose_order(c, root, old, sources, o)
+                t_order = time.time()
                 results = _run_tasks(c, root, tasks, o, total, progress, order["digest"] if order else None)
+                t_parsed = time.time()
                 summary = _commit(c, root, out, old, sources, tasks, results, o, generation, t_ready, order)
                 summary["startup_seconds"] = round(t_ready - t0, 3)
+                stats_s = summary.pop("_statistics_seconds")
+                summary["phase_seconds"] = {
+                    "order": round(t_order - t_ready, 3), "parse": round(t_parsed - t_order, 3),
+                    "statistics": round(stats_s, 3),
+                    "commit": round(summary["seconds"] - (t_parsed - t_ready) - stats_s, 3)}
         except BaseException as e:
             if old is None:
                 shutil.rmtree(root, ignore_errors=True)
@@ -895,8 +904,10 @@ def _commit(c, root, out, old, sources, tasks, results, o, generation, t0, order
     stats_path = f"stats/v{version:06d}"
     new_train = [e["key"] for e in entries if e.get("generation") == generation and e["split"] == "train"]
     # summed, the blocks' own statistics go before the manifest lists the blocks
+    t_stats = time.time()
     stats_bands = _sum_source_stats(c, root, new_train, width, old.get("stats") if old else None, stats_path,
                                     [b["key"] for b in blocks])
+    t_stats = time.time() - t_stats
     # skipped lines, beside the blocks
     skipped_file = None
     if skipped:
@@ -977,5 +988,6 @@ def _commit(c, root, out, old, sources, tasks, results, o, generation, t0, order
         "seconds": round(time.time() - t0, 3),
         "bytes_read": int(sum(s["size"] for s in sources)),
         "generation": generation, "labels": manifest["labels"], "stats_bands": stats_bands,
+        "_statistics_seconds": t_stats,
         "notes": notes,
     }

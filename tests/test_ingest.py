@@ -1,5 +1,6 @@
 """Ingest: round trips against scikit-learn, worker invariance, atomicity, append, bad input, compression."""
 import bz2
+import glob
 import gzip
 import io
 import json
@@ -257,8 +258,10 @@ def test_append_adds_rows_widens_and_refuses_the_same_file(tmp, client):
 
 @pytest.mark.parametrize("executor", ["threads", "cluster"])
 def test_statistics_summed_in_feature_bands_equal_one_task_bit_for_bit(executor, tmp, client, monkeypatch):
-    """A commit with many statistics entries sums them in feature bands, side by side on the workers; the store's
-    statistics are those of the one-task sum byte for byte, also for an append onto a version of them."""
+    """A commit with many statistics entries sums them in feature bands, side by side on the workers (in this
+    process: a band's blocks in groups of a few, added group after group); the store's statistics are those of the
+    one-task sum byte for byte, also for an append onto a version of them. The blocks' own statistics are removed,
+    and the summary's phases add up to its seconds."""
     from pipeline.store import stats
 
     a, b = data_file("news20_binary/news20_binary.svm"), data_file("rcv1_subset/rcv1_vw_small_train.svm")
@@ -266,9 +269,17 @@ def test_statistics_summed_in_feature_bands_equal_one_task_bit_for_bit(executor,
     got = {}
     for name, entries in (("one", 1 << 40), ("banded", 5_000)):
         monkeypatch.setattr(stats, "BAND_ENTRIES", entries)
+        if name == "banded":
+            monkeypatch.setattr(stats, "GATHER_BYTES", 0)
+            monkeypatch.setattr(stats, "GROUP_BYTES", 16 * 4_000)
         out = str(tmp / name)
         s1 = ingest([str(a)], out, IngestOptions(block_mb=0.5, holdout=0.2), **run)
         s2 = ingest([str(b)], out, IngestOptions(block_mb=0.5, holdout=0.2), append=True, **run)
+        assert not glob.glob(os.path.join(out, "blocks", "*", "stats_*"))
+        for s in (s1, s2):
+            ph = s["phase_seconds"]
+            assert set(ph) == {"order", "parse", "statistics", "commit"} and min(ph.values()) >= 0
+            assert abs(sum(ph.values()) - s["seconds"]) < 0.01
         g = os.path.join(out, open_store(out).manifest["stats"])
         got[name] = ([s1["stats_bands"], s2["stats_bands"]],
                      [fmt.read_array(g, n).tobytes() for n in ("feature", "col_nnz", "col_sumsq")])
