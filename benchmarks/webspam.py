@@ -13,7 +13,8 @@ training blocks' rows (their byte ranges of the same file, streamed through a FI
 writes its cache, then the cache passes; it predicts the same holdout rows. Reported per step: wall
 seconds, the peak RSS and USS of the largest process (sampled every second over the command's process
 tree), holdout error, AUC, density, the share of the true support kept, and the truth's own holdout error
-(the floor). Everything written goes under --work and is deleted at the end unless --keep.
+(the floor). Everything written goes under --work and is deleted at the end unless --keep: the directory itself
+when the run made it, else only what the run added (a file synthesized earlier, with its truth, is reused and kept).
 """
 from __future__ import annotations
 
@@ -230,7 +231,9 @@ def main(argv=None):
     from pipeline.store.reader import open_store
 
     work = a.work or out_dir() / "webspam"
+    made = not work.exists()
     work.mkdir(parents=True, exist_ok=True)
+    before = set(work.iterdir())  # a given --work keeps what it held (an input synthesized earlier, other files)
     src, store = work / f"ws_{a.rows}_{a.seed}.svm", work / f"ws_{a.rows}_{a.seed}.zarr"
     truth = str(src) + ".truth.npz"
     steps, models = Steps(), []
@@ -273,7 +276,8 @@ def main(argv=None):
     finally:
         leftovers = sorted(str(p) for p in work.glob("*.tmp*")) + sorted(str(p) for p in work.parent.glob("*.tmp-*"))
         if not a.keep:
-            shutil.rmtree(work, ignore_errors=True)
+            for p in [work] if made else sorted(set(work.iterdir()) - before):
+                shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
     report("webspam", {"rows": a.rows, "workers": a.workers, "passes": a.passes, "steps": steps,
                        "models": models, "temporary_files_left": leftovers}, models,
            ["model", "error", "auc", "density", "nnz", "recall", "precision", "error_before_refit", "train_wall_s",
