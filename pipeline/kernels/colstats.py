@@ -67,8 +67,9 @@ def band_adds(indptr, indices, values, counts, width, band, acc, bits, cur):
     """:func:`band_sums`' pass adding into a width-sized accumulator instead of draining each band: ``acc``
     float64[2 * width] ((count, sum of squares) pairs) and ``bits`` (one bit per feature) keep what earlier calls
     added, so sets summed group after group add each feature's values in set order, as one call over all of them
-    would, while a band of the accumulator stays in the cache for every set of the group (one set at a time swept
-    the whole accumulator per set: 24 ns per entry at webspam width)."""
+    would, while a band of the accumulator stays in the cache for every set of the group. The accumulator is still
+    swept once per group: 37 webspam-like blocks' sets over a 5.9M-feature band took 11.9 ns per entry one set at a
+    time, 9.7 / 8.3 / 5.2 ns in groups of 8 / 15 / 37."""
     nrows = indptr.shape[0] - 1
     for r in range(nrows):
         cur[r] = indptr[r]

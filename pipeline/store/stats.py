@@ -175,8 +175,8 @@ def _band_bounds(group: str, lo: int, hi: int) -> tuple | None:
 
 def _positions(ids: np.ndarray, lo: int, hi: int) -> tuple[int, int]:
     """[a, b): the positions of lo <= id < hi in the ascending ``ids``, searched in their own dtype (an int32 array
-    searched for Python ints was first copied to int64 whole: 0.6 ms per 64 MB block's set, 1,312 times a commit
-    at 350k webspam-like rows)."""
+    searched for Python ints was first copied to int64 whole: 0.23-0.25 ms against 0.027 ms for a 64 MB block's
+    set, 1,312 times a commit at 350k webspam-like rows)."""
     top = np.iinfo(ids.dtype).max
     a, b = np.searchsorted(ids, np.array([min(lo, top), min(hi, top)], ids.dtype))
     return int(a), int(b)
