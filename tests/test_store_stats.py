@@ -157,11 +157,14 @@ def test_reused_buffers_give_the_same_sums_and_are_kept_only_when_small(monkeypa
 
 
 @pytest.mark.parametrize("seed", range(3))
-def test_band_sums_side_by_side_are_the_whole_sum(tmp_path, seed):
+@pytest.mark.parametrize("gather_bytes", [1 << 27, 16 * 500, 0])
+def test_band_sums_side_by_side_are_the_whole_sum(tmp_path, seed, gather_bytes, monkeypatch):
     """stats.band_sum over the bands of stats.band_edges, read from raw block statistics (memory-mapped) after a
-    compressed previous version, concatenated: the np.add.at reference of the whole width, bit for bit."""
+    compressed previous version, concatenated: the np.add.at reference of the whole width, bit for bit; also when
+    a band's sets do not fit the gather buffer together and go group after group through the accumulator."""
     from pipeline.store import format as fmt
 
+    monkeypatch.setattr(stats, "GATHER_BYTES", gather_bytes)
     rng = np.random.default_rng(seed)
     width = int(rng.integers(100, 20_000))
     blocks = [random_block(rng, width, dtypes=(np.int32, np.int32), max_len=3000) for _ in range(6)]
