@@ -127,12 +127,9 @@ def wait(client, futures) -> None:
     errors surface where their results are used)."""
     if isinstance(client, ThreadClient):
         from concurrent.futures import wait as wait_all
-
-        wait_all(futures)
     else:
         from distributed import wait as wait_all
-
-        wait_all(futures)
+    wait_all(futures)
 
 
 @contextlib.contextmanager

@@ -698,16 +698,11 @@ def ingest(inputs: list[str], out: str, options: IngestOptions | None = None, *,
                              threads=PARSE_TASKS_PER_CORE if _uncacheable(total) else 1) as c:
                 t_ready = time.time()
                 order = _choose_order(c, root, old, sources, o)
-                t_order = time.time()
+                phases = {"order": time.time() - t_ready}
                 results = _run_tasks(c, root, tasks, o, total, progress, order["digest"] if order else None)
-                t_parsed = time.time()
-                summary = _commit(c, root, out, old, sources, tasks, results, o, generation, t_ready, order)
+                phases["parse"] = time.time() - t_ready - phases["order"]
+                summary = _commit(c, root, out, old, sources, tasks, results, o, generation, t_ready, order, phases)
                 summary["startup_seconds"] = round(t_ready - t0, 3)
-                stats_s = summary.pop("_statistics_seconds")
-                summary["phase_seconds"] = {
-                    "order": round(t_order - t_ready, 3), "parse": round(t_parsed - t_order, 3),
-                    "statistics": round(stats_s, 3),
-                    "commit": round(summary["seconds"] - (t_parsed - t_ready) - stats_s, 3)}
         except BaseException as e:
             if old is None:
                 shutil.rmtree(root, ignore_errors=True)
@@ -817,7 +812,11 @@ def _clean_orphans(out: str, manifest: dict) -> None:
             shutil.rmtree(d, ignore_errors=True)
 
 
-def _commit(c, root, out, old, sources, tasks, results, o, generation, t0, order=None):
+def _commit(c, root, out, old, sources, tasks, results, o, generation, t0, order=None, phases=None):
+    """Check and commit the parsed blocks; returns the summary. ``phases``: the seconds of the steps before the
+    commit since ``t0`` (order, parse), completed with its own (statistics, commit) as ``phase_seconds``."""
+    phases = dict(phases or {})
+    t_commit = time.time()
     # absolute line numbers and errors, in row order
     errors, skipped = [], []
     per_source_lines = {}
@@ -907,7 +906,7 @@ def _commit(c, root, out, old, sources, tasks, results, o, generation, t0, order
     t_stats = time.time()
     stats_bands = _sum_source_stats(c, root, new_train, width, old.get("stats") if old else None, stats_path,
                                     [b["key"] for b in blocks])
-    t_stats = time.time() - t_stats
+    phases["statistics"] = time.time() - t_stats
     # skipped lines, beside the blocks
     skipped_file = None
     if skipped:
@@ -976,6 +975,8 @@ def _commit(c, root, out, old, sources, tasks, results, o, generation, t0, order
             old_stats = old.get("stats")
             if old_stats and old_stats != stats_path:
                 shutil.rmtree(os.path.join(out, old_stats), ignore_errors=True)
+    t_end = time.time()
+    phases["commit"] = t_end - t_commit - phases["statistics"]
     return {
         "store": out, "n_rows": manifest["n_rows"], "n_features": manifest["n_features"],
         "nnz": manifest["nnz"], "n_blocks": len(entries),
@@ -985,9 +986,9 @@ def _commit(c, root, out, old, sources, tasks, results, o, generation, t0, order
         "new_holdout_rows": int(sum(e["rows"] for e in entries if e["generation"] == generation
                                     and e["split"] == "holdout")),
         "skipped_lines": len(skipped), "skipped_file": skipped_file,
-        "seconds": round(time.time() - t0, 3),
+        "seconds": round(t_end - t0, 3),
+        "phase_seconds": {k: round(v, 3) for k, v in phases.items()},
         "bytes_read": int(sum(s["size"] for s in sources)),
         "generation": generation, "labels": manifest["labels"], "stats_bands": stats_bands,
-        "_statistics_seconds": t_stats,
         "notes": notes,
     }

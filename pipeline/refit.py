@@ -449,17 +449,17 @@ def support_stats(st, support) -> tuple[np.ndarray, np.ndarray]:
 
 
 def support_positions(st, support) -> np.ndarray | None:
-    """For a store in frequency order (:mod:`pipeline.store.order`): perm[r] = the position of the r-th column of the
-    ascending ``support`` (store ids) among S's input ids ascending, the order of the optimiser's vectors; None when
-    the two orders agree. Every sum over S (L-BFGS's dot products, norms, the line search) then adds in the same
-    order as on the input's order, so the refit is the same bit for bit; the workers keep their positions."""
+    """For a store in frequency order (:mod:`pipeline.store.order`): rank_at[p] = the rank in the ascending
+    ``support`` (store ids) of the column at position p of the optimiser's vectors, which list S by its input ids
+    ascending; None when the two orders agree. Every sum over S (L-BFGS's dot products, norms, the line search) then
+    adds in the same order as on the input's order, so the refit is the same bit for bit; the workers keep their
+    positions."""
     if not st.feature_order or not support.size:
         return None
     from pipeline.store.order import ids_external
 
-    perm = np.empty(support.size, dtype=np.int64)
-    perm[np.argsort(ids_external(support, st.order_maps[1]), kind="stable")] = np.arange(support.size)
-    return None if np.array_equal(perm, np.arange(support.size)) else perm
+    rank_at = np.argsort(ids_external(support, st.order_maps[1]), kind="stable")
+    return None if np.array_equal(rank_at, np.arange(support.size)) else rank_at
 
 
 def compacted_bytes(st, support, blocks=None, counts=None) -> int:
@@ -523,8 +523,11 @@ class RefitProblem:
         self.n_rows = int(sum(e["rows"] for e in entries))
         self.label_kind = st.label_kind
         self.sig = support_signature(self.support, st.n_features)
-        self.perm = support_positions(st, self.support)
-        self.rank_at = None if self.perm is None else np.argsort(self.perm)  # the inverse: position -> rank
+        self.rank_at = support_positions(st, self.support)
+        self.perm = None  # the inverse: rank -> position
+        if self.rank_at is not None:
+            self.perm = np.empty_like(self.rank_at)
+            self.perm[self.rank_at] = np.arange(self.rank_at.size)
         # the columns of S in the order of the optimiser's vectors: the input's ids ascending (self.support is
         # ascending in the store's ids, which the workers' compacted blocks use)
         self.ids = self.support if self.perm is None else self.support[self.rank_at]
@@ -1126,7 +1129,7 @@ def refit(model, store_path: str, client=None, l2: float = DEFAULT_L2, max_iter:
     meta.pop("n_paths_saved", None)
     meta["holdout"] = None  # the sparse model's metrics are in meta["refit"]["holdout_before"]; fit() re-measures
     learner = model.learner or (model.coef_indices, model.coef_values, float(model.bias))  # a refit of a refit: the first
-    o = np.argsort(prob.ids[keep], kind="stable")
-    out = Model(model.n_features, prob.ids[keep][o], w[keep][o], bias, meta=meta, states=model.states,
+    kept = prob.ranked(keep)  # in the store's id order, as a model lists its weights
+    out = Model(model.n_features, prob.support[kept], prob.ranked(w)[kept], bias, meta=meta, states=model.states,
                 gstate=model.gstate, learner=learner)
     return out if given is model else model_external(out, st)

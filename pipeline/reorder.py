@@ -34,18 +34,16 @@ class ReorderError(ValueError):
     """A store that cannot be reordered, or an output that cannot be written; nothing was written."""
 
 
-def reorder_block_task(src: str, version: int, key: str, root: str, digest: str) -> dict:
-    """Dask task: block ``key`` of the store ``src`` (manifest ``version``) written to ``root`` in the order named by
-    ``digest`` (at ``root/features``); returns the manifest entry's new fields (checksum, max_index)."""
+def reorder_block_task(src: str, key: str, root: str, digest: str) -> dict:
+    """Dask task: block ``key`` of the store ``src`` (read under the caller's shared lock: no append commits
+    meanwhile) written to ``root`` in the order named by ``digest`` (at ``root/features``); returns the manifest
+    entry's new fields (checksum, max_index)."""
     from pipeline.ingest import write_block
     from pipeline.formats.libsvm import relabel_ids
     from pipeline.store import checksum
     from pipeline.store.reader import open_store
 
     st = open_store(src)
-    if st.manifest["manifest_version"] != version:
-        raise ReorderError(f"{src}: the store changed during the reorder (manifest v{version} -> "
-                           f"v{st.manifest['manifest_version']}); nothing was written")
     entry = st.entry(key)
     blk = st.block(entry, verify=True)
     indices = blk.indices.copy()
@@ -96,7 +94,7 @@ def reorder(store: str, out: str, *, workers: int | None = None, scheduler: str 
             digest = forder.digest(hot)
             keys = [e["key"] for e in old["blocks"]]
             with dask_client(workers, scheduler, client) as c:
-                new = _blocks(c, st.path, old["manifest_version"], keys, root, digest, progress)
+                new = _blocks(c, st.path, keys, root, digest, progress)
             manifest = _manifest(old, new, hot, digest, store)
             stats.write_stats(f"{root}/{manifest['stats']}", np.arange(at.shape[0]), count[at], sumsq[at],
                               int(old["n_features"]))
@@ -113,12 +111,12 @@ def reorder(store: str, out: str, *, workers: int | None = None, scheduler: str 
             "manifest_version": manifest["manifest_version"], "seconds": round(time.time() - t0, 3)}
 
 
-def _blocks(c, src: str, version: int, keys: list, root: str, digest: str, progress) -> dict:
+def _blocks(c, src: str, keys: list, root: str, digest: str, progress) -> dict:
     """{key: reorder_block_task's result} of every block, two tasks per worker in flight (:func:`in_order`: after a
     failed task, the running ones end before its error is raised, so none writes into ``root`` once the caller has
     removed it)."""
     out = {}
-    for r in in_order(lambda i: c.submit(reorder_block_task, src, version, keys[i], root, digest,
+    for r in in_order(lambda i: c.submit(reorder_block_task, src, keys[i], root, digest,
                                          key=f"reorder-{keys[i]}-{uuid.uuid4().hex[:6]}", pure=False),
                       len(keys), 2 * slots(c)):
         out[r["key"]] = r
