@@ -80,5 +80,17 @@ def synth_file(path: Path, rows: int, features: int = 16_609_143, nnz_per_row: i
     return path
 
 
+def memory_state() -> dict:
+    """The machine's free and page-cached memory (GB, /proc/meminfo; empty elsewhere): what a command starts from. On
+    a virtual machine that hands free memory back to its host, a command that must fill free memory runs up to ~20%
+    slower than one that reclaims cache (docs/results.md, "Forty-fourth session")."""
+    try:
+        info = dict(line.split(":", 1) for line in Path("/proc/meminfo").read_text().splitlines())
+    except OSError:
+        return {}
+    gb = lambda k: round(int(info[k].split()[0]) / 2**20, 1)  # noqa: E731 (kB)
+    return {"mem_free_gb": gb("MemFree"), "cached_gb": gb("Cached")}
+
+
 def run(cmd: list[str], **kw) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, check=True, capture_output=True, text=True, **kw)

@@ -29,7 +29,7 @@ import sys
 import time
 from pathlib import Path
 
-from benchmarks.common import report
+from benchmarks.common import memory_state, report
 
 STATES = ("dropped", "filled", "cached")
 _DROP = "/proc/sys/vm/drop_caches"
@@ -80,13 +80,6 @@ def page_reporting() -> str | None:
                     None)
 
 
-def mem_free_gb() -> float:
-    for line in Path("/proc/meminfo").read_text().splitlines():
-        if line.startswith("MemFree:"):
-            return round(int(line.split()[1]) / 2**20, 1)
-    return 0.0
-
-
 def ingest_run(src: Path, store: Path, workers: int) -> dict:
     """One whole `sparsepipe ingest` command; its wall time, its process tree's CPU seconds, its summary."""
     exe = str(Path(sys.executable).with_name("sparsepipe"))
@@ -128,7 +121,7 @@ def main(argv=None):
         for state in states:  # alternated, so that a slow stretch of the machine falls on every state
             shutil.rmtree(store, ignore_errors=True)
             prepare(state, a.input, a.filler)
-            row = {"state": state, "run": rep + 1, "mem_free_gb": mem_free_gb(), **ingest_run(a.input, store, a.workers)}
+            row = {"state": state, "run": rep + 1, **memory_state(), **ingest_run(a.input, store, a.workers)}
             shutil.rmtree(store, ignore_errors=True)
             rows.append(row)
             print(json.dumps(row), flush=True)

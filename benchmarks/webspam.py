@@ -12,8 +12,8 @@ each algorithm with its defaults -> evaluate on the holdout blocks (-> `sparsepi
 training blocks' rows (their byte ranges of the same file, streamed through a FIFO): one text pass that
 writes its cache, then the cache passes; it predicts the same holdout rows. Reported per step: wall
 seconds, the peak RSS and USS of the largest process (sampled every second over the command's process
-tree), holdout error, AUC, density, the share of the true support kept, and the truth's own holdout error
-(the floor). Everything written goes under --work and is deleted at the end unless --keep: the directory itself
+tree), the free and page-cached memory it started from, holdout error, AUC, density, the share of the true support
+kept, and the truth's own holdout error (the floor). Everything written goes under --work and is deleted at the end unless --keep: the directory itself
 when the run made it, else only what the run added (a file synthesized earlier, with its truth, is reused and kept).
 """
 from __future__ import annotations
@@ -32,7 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.common import algo_spec, algo_specs, out_dir, report, spec_name
+from benchmarks.common import algo_spec, algo_specs, memory_state, out_dir, report, spec_name
 from benchmarks.diagnose import load_truth, support_scores
 from benchmarks.memory import ProcessSampler, process_role
 
@@ -72,12 +72,13 @@ def command(args: list[str], json_out: bool = True, events: bool = False) -> tup
     """Run `sparsepipe ARGS` as its own process; returns (its --json output, wall/memory figures); with
     ``events`` the figures hold the JSON lines the command wrote on stderr (train: one per pass) as "events"."""
     exe = str(Path(sys.executable).with_name("sparsepipe"))
+    state = memory_state()
     t0 = time.perf_counter()
     p = subprocess.Popen([exe, *args, *(["--json"] if json_out else [])], stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE, text=True)
     mem = PeakMemory(p.pid)
     out, err = p.communicate()
-    fig = {"wall_s": round(time.perf_counter() - t0, 1), **mem.stop()}
+    fig = {"wall_s": round(time.perf_counter() - t0, 1), **mem.stop(), "before": state}
     if p.returncode != 0:
         raise RuntimeError(f"sparsepipe {' '.join(args)} failed ({p.returncode}): {err[-3000:]}")
     warn = [ln for ln in err.splitlines() if "Warning" in ln or "warning" in ln]
