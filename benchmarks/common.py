@@ -85,11 +85,10 @@ def memory_state() -> dict:
     a virtual machine that hands free memory back to its host, a command that must fill free memory runs up to ~20%
     slower than one that reclaims cache (docs/results.md, "Forty-fourth session")."""
     try:
-        info = dict(line.split(":", 1) for line in Path("/proc/meminfo").read_text().splitlines())
+        kb = {k: int(v.split()[0]) for k, v in (ln.split(":", 1) for ln in Path("/proc/meminfo").read_text().splitlines())}
     except OSError:
         return {}
-    gb = lambda k: round(int(info[k].split()[0]) / 2**20, 1)  # noqa: E731 (kB)
-    return {"mem_free_gb": gb("MemFree"), "cached_gb": gb("Cached")}
+    return {"mem_free_gb": round(kb["MemFree"] / 2**20, 1), "cached_gb": round(kb["Cached"] / 2**20, 1)}
 
 
 def run(cmd: list[str], **kw) -> subprocess.CompletedProcess:

@@ -3,9 +3,9 @@
     sudo python -m benchmarks.ingest_states INPUT [--filler FILE] [--repeats 2] [--workers 2] [--work DIR]
 
 - ``dropped``: ``sync; echo 3 > /proc/sys/vm/drop_caches`` just before the command (the protocol of most cold
-  runs in docs/results.md). On a virtual machine with free page reporting (virtio-balloon; this machine boots
-  with ``page_reporting.page_reporting_order=11``) this also hands the freed memory back to the host, and every
-  page the command then writes is first faulted in again by the host.
+  runs in docs/results.md). On a virtual machine with free page reporting (virtio-balloon; this machine's boot
+  line asks ``page_reporting.page_reporting_order=11``, and the module reads 9) this also hands the freed memory
+  back to the host, and every page the command then writes is first faulted in again by the host.
 - ``filled``: the input not cached, the memory in use: the page cache dropped, then filled by reading
   ``--filler`` (a file of about the memory's size, not the input), then the input's own pages dropped. New
   pages are then reclaimed from that cache. This is a machine that has been in use and reads an input it has
@@ -71,13 +71,15 @@ def prepare(state: str, src: Path, filler: Path | None) -> None:
 
 def page_reporting() -> str | None:
     """The kernel's free page reporting order when it is set (the host takes back free blocks of 2^order pages)."""
-    p = Path("/sys/module/page_reporting/parameters/page_reporting_order")
     try:
-        return p.read_text().strip()
+        return Path("/sys/module/page_reporting/parameters/page_reporting_order").read_text().strip()
     except OSError:
-        cmd = Path("/proc/cmdline").read_text()
-        return next((w.split("=", 1)[1] for w in cmd.split() if w.startswith("page_reporting.page_reporting_order=")),
-                    None)
+        pass
+    try:
+        words = Path("/proc/cmdline").read_text().split()
+    except OSError:
+        return None
+    return next((w.split("=", 1)[1] for w in words if w.startswith("page_reporting.page_reporting_order=")), None)
 
 
 def ingest_run(src: Path, store: Path, workers: int) -> dict:

@@ -12,9 +12,10 @@ each algorithm with its defaults -> evaluate on the holdout blocks (-> `sparsepi
 training blocks' rows (their byte ranges of the same file, streamed through a FIFO): one text pass that
 writes its cache, then the cache passes; it predicts the same holdout rows. Reported per step: wall
 seconds, the peak RSS and USS of the largest process (sampled every second over the command's process
-tree), the free and page-cached memory it started from, holdout error, AUC, density, the share of the true support
-kept, and the truth's own holdout error (the floor). Everything written goes under --work and is deleted at the end unless --keep: the directory itself
-when the run made it, else only what the run added (a file synthesized earlier, with its truth, is reused and kept).
+tree), the free and page-cached memory it started from, holdout error, AUC, density, the share of the true
+support kept, and the truth's own holdout error (the floor). Everything written goes under --work and is deleted
+at the end unless --keep: the directory itself when the run made it, else only what the run added (a file
+synthesized earlier, with its truth, is reused and kept).
 """
 from __future__ import annotations
 
