@@ -85,7 +85,8 @@ def memory_state() -> dict:
     a virtual machine that hands free memory back to its host, a command that must fill free memory runs up to ~20%
     slower than one that reclaims cache (docs/results.md, "Forty-fourth session")."""
     try:
-        kb = {k: int(v.split()[0]) for k, v in (ln.split(":", 1) for ln in Path("/proc/meminfo").read_text().splitlines())}
+        lines = Path("/proc/meminfo").read_text().splitlines()
+        kb = {k: int(v.split()[0]) for k, v in (ln.split(":", 1) for ln in lines)}
     except OSError:
         return {}
     return {"mem_free_gb": round(kb["MemFree"] / 2**20, 1), "cached_gb": round(kb["Cached"] / 2**20, 1)}
