@@ -80,6 +80,13 @@ def synth_file(path: Path, rows: int, features: int = 16_609_143, nnz_per_row: i
     return path
 
 
+def cache_file(path) -> None:
+    """Read ``path`` once so every tool is timed on text in the page cache (parsing speed, not the disk's)."""
+    with open(path, "rb") as f:
+        while f.read(1 << 24):
+            pass
+
+
 def memory_state() -> dict:
     """The machine's free and page-cached memory (GB, /proc/meminfo; empty elsewhere): what a command starts from. On
     a virtual machine that hands free memory back to its host, a command that must fill free memory runs up to ~20%

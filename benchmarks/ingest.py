@@ -11,7 +11,7 @@ import statistics
 import threading
 import time
 
-from benchmarks.common import out_dir, report, synth_file
+from benchmarks.common import cache_file, out_dir, report, synth_file
 
 
 def peak_worker_rss(client, stop: threading.Event, out: list) -> None:
@@ -39,13 +39,6 @@ def cpu_seconds(client) -> float:
         return t.user + t.system
 
     return cpu() + sum(client.run(cpu).values())
-
-
-def cache_file(path) -> None:
-    """Read ``path`` once so every tool is timed on text in the page cache (parsing speed, not the disk's)."""
-    with open(path, "rb") as f:
-        while f.read(1 << 24):
-            pass
 
 
 def ingest_runs(path, store, block_mb, repeats=1, sample_memory=False):

@@ -24,12 +24,11 @@ import json
 import os
 import resource
 import shutil
-import subprocess
 import sys
-import time
 from pathlib import Path
 
-from benchmarks.common import memory_state, report
+from benchmarks.common import cache_file, report
+from benchmarks.webspam import command
 
 STATES = ("dropped", "filled", "cached")
 _DROP = "/proc/sys/vm/drop_caches"
@@ -39,14 +38,6 @@ def _drop_caches() -> None:
     os.sync()
     with open(_DROP, "w") as f:
         f.write("3\n")
-
-
-def _read_through(path: Path) -> None:
-    """Read ``path`` once (into the page cache)."""
-    with open(path, "rb", buffering=0) as f:
-        buf = bytearray(8 << 20)
-        while f.readinto(buf):
-            pass
 
 
 def _uncache(path: Path) -> None:
@@ -63,10 +54,10 @@ def prepare(state: str, src: Path, filler: Path | None) -> None:
         _drop_caches()
     elif state == "filled":
         _drop_caches()
-        _read_through(filler)
+        cache_file(filler)
         _uncache(src)
     else:
-        _read_through(src)
+        cache_file(src)
 
 
 def page_reporting() -> str | None:
@@ -83,21 +74,15 @@ def page_reporting() -> str | None:
 
 
 def ingest_run(src: Path, store: Path, workers: int) -> dict:
-    """One whole `sparsepipe ingest` command; its wall time, its process tree's CPU seconds, its summary."""
-    exe = str(Path(sys.executable).with_name("sparsepipe"))
+    """One whole `sparsepipe ingest` command (:func:`benchmarks.webspam.command`): the memory it started from, its
+    wall time, its process tree's CPU seconds, its summary's times."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    t0 = time.perf_counter()
-    p = subprocess.run([exe, "ingest", str(src), "--out", str(store), "--workers", str(workers), "--json"],
-                       capture_output=True, text=True)
-    wall = time.perf_counter() - t0
+    out, fig = command(["ingest", str(src), "--out", str(store), "--workers", str(workers)])
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    if p.returncode != 0:
-        raise RuntimeError(f"sparsepipe ingest failed ({p.returncode}): {p.stderr[-3000:]}")
-    out = json.loads(p.stdout[p.stdout.index("{"):])
-    return {"wall_s": round(wall, 2), "user_s": round(after.ru_utime - before.ru_utime, 2),
+    return {**fig["before"], "wall_s": fig["wall_s"], "user_s": round(after.ru_utime - before.ru_utime, 2),
             "sys_s": round(after.ru_stime - before.ru_stime, 2), "own_s": out["seconds"],
             **{f"{k}_s": v for k, v in out["phase_seconds"].items()},
-            "mb_s_per_core": round(src.stat().st_size / 1e6 / wall / workers, 1)}
+            "mb_s_per_core": round(src.stat().st_size / 1e6 / fig["wall_s"] / workers, 1)}
 
 
 def main(argv=None):
@@ -123,7 +108,7 @@ def main(argv=None):
         for state in states:  # alternated, so that a slow stretch of the machine falls on every state
             shutil.rmtree(store, ignore_errors=True)
             prepare(state, a.input, a.filler)
-            row = {"state": state, "run": rep + 1, **memory_state(), **ingest_run(a.input, store, a.workers)}
+            row = {"state": state, "run": rep + 1, **ingest_run(a.input, store, a.workers)}
             shutil.rmtree(store, ignore_errors=True)
             rows.append(row)
             print(json.dumps(row), flush=True)

@@ -111,8 +111,9 @@ def sum_stats(loaders: list, sizes: list[int], width: int, reuse: bool = False, 
         bufs = np.empty(cap, idx_dtype), np.empty(cap, np.int32), np.empty(cap, np.float64)
         k = 0
         while k < len(loaders):  # groups of sets that fill the buffers
-            end = k + 1
-            while end < len(loaders) and sum(sizes[k:end + 1]) <= cap:
+            end, used = k + 1, sizes[k]
+            while end < len(loaders) and used + sizes[end] <= cap:
+                used += sizes[end]
                 end += 1
             ptr, (idx, cnt, ss) = _gather(loaders[k:end], sizes[k:end], bufs, lo)
             n = ptr[-1]
